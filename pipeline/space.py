@@ -1,0 +1,78 @@
+"""MetaSchedule design spaces: generate them, sample scripts from them, run postprocessing.
+
+Shared by the codec (which re-derives the postprocessing section of a trace), the search
+stage, and the pre-training corpus (random scripts from the design space, as TLM does).
+Everything here runs on the CPU, for CUDA targets too: only building for real and timing
+need a GPU.
+"""
+
+from __future__ import annotations
+
+from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, ms, target_key, te, tvm
+
+
+_CONTEXTS: dict[str, "ms.TuneContext"] = {}
+
+
+def context(target: "tvm.target.Target", mod: "tvm.IRModule | None" = None) -> "ms.TuneContext":
+    """A TuneContext for `target` with the default (post-order-apply) space generator."""
+    key = target_key(target)
+    if mod is not None:
+        return ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                              search_strategy="replay-trace", task_name="main", num_threads=1)
+    if key not in _CONTEXTS:
+        a = te.placeholder((4,), name="a")
+        b = te.compute((4,), lambda i: a[i] + 1.0, name="b")
+        dummy = tvm.IRModule({"main": te.create_prim_func([a, b])})
+        _CONTEXTS[key] = ms.TuneContext(mod=dummy, target=target, space_generator="post-order-apply",
+                                        search_strategy="replay-trace", task_name="main", num_threads=1)
+    return _CONTEXTS[key]
+
+
+def postprocs(target: "tvm.target.Target") -> list:
+    """The target's default MetaSchedule postprocessors, initialised for it."""
+    return list(context(target).space_generator.postprocs)
+
+
+class SpaceError(RuntimeError):
+    """MetaSchedule could not generate a design space for a workload on a target."""
+
+
+def design_spaces(mod: "tvm.IRModule", target: "tvm.target.Target") -> list[Trace]:
+    """The sketches (traces with sampled decisions) of the default design space."""
+    try:
+        return [sch.trace for sch in context(target, mod).generate_design_space()]
+    except TVM_ERRORS as err:
+        # Seen with TVM 0.27: attention_score on CUDA raises IndexError inside a schedule rule.
+        raise SpaceError(f"no design space on {target.kind.name}: {str(err).strip().splitlines()[-1]}") from None
+
+
+def apply_postprocs(sch: Schedule, target: "tvm.target.Target") -> bool:
+    """Enter postprocessing and run every postprocessor; False if one rejects the schedule."""
+    sch.enter_postproc()
+    return all(p.apply(sch) for p in postprocs(target))
+
+
+def sample(mod: "tvm.IRModule", target: "tvm.target.Target", sketch: Trace, seed: int) -> Schedule | None:
+    """Replay a sketch with fresh random decisions, then postprocess (as MetaSchedule's
+    ReplayTrace strategy does). None when sampling or a postprocessor rejects it."""
+    sch = Schedule(mod, seed=seed, debug_mask=0)
+    try:
+        Trace(sketch.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+    except TVM_ERRORS:
+        return None
+    return sch if apply_postprocs(sch, target) else None
+
+
+def sample_many(mod, target, n: int, seed: int = 0, max_tries: int | None = None) -> list[Schedule]:
+    """Up to `n` postprocessed random schedules drawn round-robin from the design spaces."""
+    sketches = design_spaces(mod, target)
+    out: list[Schedule] = []
+    tries = 0
+    limit = max_tries if max_tries is not None else 4 * n + 8
+    while len(out) < n and tries < limit and sketches:
+        sch = sample(mod, target, sketches[tries % len(sketches)], seed * 100003 + tries)
+        tries += 1
+        if sch is not None:
+            out.append(sch)
+    return out
