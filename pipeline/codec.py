@@ -653,8 +653,10 @@ def decode(mod: "tvm.IRModule", text: str, target: "tvm.target.Target") -> Trace
         index, message = _first_error(mod, insts, decisions)
         raise DecodeError("schedule", message or "the instruction does not apply", lines[min(index, len(lines) - 1)], 1) from None
 
-    # Second pass: replay the recorded trace, checking what TVM accepts but MetaSchedule
-    # never produces (tile factors must multiply to the loop extent exactly).
+    # Second pass: replay the recorded trace, checking the script's own decisions where TVM
+    # accepts what MetaSchedule never produces. (TVM silently replaces perfect-tile factors
+    # that do not multiply to the loop extent, so the check must use the text's factors.)
+    written = {i: d for i, d in decisions}
     sch = Schedule(mod, debug_mask=0)
     problems: list[tuple[int, str]] = []
     position = [0]
@@ -662,12 +664,11 @@ def decode(mod: "tvm.IRModule", text: str, target: "tvm.target.Target") -> Trace
     def check(inst, inputs, attrs, decision):
         i = position[0]
         position[0] += 1
-        if inst.kind.name == "SamplePerfectTile" and decision is not None:
-            loop = sch.get(inputs[0])
-            extent = loop.extent
+        if inst.kind.name == "SamplePerfectTile" and i in written and not problems:
+            extent = sch.get(inputs[0]).extent
             if isinstance(extent, tvm.tirx.IntImm):
-                product = math.prod(int(d) for d in decision)
-                if product != int(extent.value) and not problems:
+                product = math.prod(int(d) for d in written[i])
+                if product != int(extent.value):
                     problems.append((i, f"tile factors multiply to {product}, loop extent is {int(extent.value)}"))
         return decision
 

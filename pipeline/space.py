@@ -71,7 +71,7 @@ def sample_many(mod, target, n: int, seed: int = 0, max_tries: int | None = None
     tries = 0
     limit = max_tries if max_tries is not None else 4 * n + 8
     while len(out) < n and tries < limit and sketches:
-        sch = sample(mod, target, sketches[tries % len(sketches)], seed * 100003 + tries)
+        sch = sample(mod, target, sketches[tries % len(sketches)], 1 + (seed * 100003 + tries) % 2147483646)
         tries += 1
         if sch is not None:
             out.append(sch)

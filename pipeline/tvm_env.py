@@ -81,8 +81,9 @@ def trace_json(trace: "Trace", remove_postproc: bool = False) -> str:
 
 
 def structural_hash(mod: "tvm.IRModule") -> str:
-    """MetaSchedule's workload key: the structural hash of the module, as hex."""
-    return ms.utils.shash2hex(mod)
+    """MetaSchedule's workload key: the structural hash of the module, in decimal, as
+    JSONDatabase writes it in `database_workload.json`."""
+    return str(int(ms.utils.shash2hex(mod), 16))
 
 
 def worker_init() -> None:

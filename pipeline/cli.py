@@ -1,0 +1,67 @@
+"""`little-dragon`: one subcommand per pipeline stage, plus tools for users.
+
+    little-dragon catalog [--verify]     the workload catalog (and its distinctness check)
+    little-dragon search                 stage 1: MetaSchedule search
+    little-dragon codec-report           compactness of the script language
+    little-dragon encode KERNEL TRACE    print a trace (JSON) of a kernel in the script language
+
+Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
+call exactly these commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _catalog(args) -> int:
+    from pipeline import catalog_stage
+
+    catalog_stage.main(args.params, check=args.verify)
+    return 0
+
+
+def _search(args) -> int:
+    from pipeline import search
+
+    search.main(args.params, progress=not args.quiet)
+    return 0
+
+
+def _codec_report(args) -> int:
+    from pipeline import codec_report
+
+    codec_report.main(args.params)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="little-dragon", description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("catalog", help="write the workload catalog")
+    p.add_argument("--verify", action="store_true", help="hash every workload: distinctness and held-out check")
+    p.set_defaults(func=_catalog)
+
+    p = sub.add_parser("search", help="stage 1: MetaSchedule search over a slice of the catalog")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_search)
+
+    p = sub.add_parser("codec-report", help="measure the script language's compactness")
+    p.set_defaults(func=_codec_report)
+
+    args = parser.parse_args(argv)
+    from pipeline.params import ParamsError
+    from pipeline.tvm_env import TargetError
+
+    try:
+        return args.func(args)
+    except (ParamsError, TargetError) as err:
+        print(f"little-dragon {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Small file helpers shared by the stages: atomic writes, JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl(path: Path | str, rows: Iterable[Any]) -> int:
+    lines = [json.dumps(r, separators=(",", ":")) for r in rows]
+    write_text_atomic(path, "\n".join(lines) + ("\n" if lines else ""))
+    return len(lines)
+
+
+def append_jsonl(path: Path | str, row: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
+def read_jsonl(path: Path | str) -> Iterator[Any]:
+    """Rows of a JSON-lines file; a torn last line (an interrupted append) is skipped."""
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

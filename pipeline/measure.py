@@ -1,0 +1,110 @@
+"""Build, check and time kernels. Check against a reference *before* timing (llm.c's rule).
+
+The baseline a speedup is measured against (ANCHORS.md, metric "Speedup"):
+- CPU (llvm): the unscheduled kernel, built as is.
+- CUDA: the default schedule a user gets without tuning, TVM's DLight GPU rules (an
+  unscheduled kernel cannot run on a GPU at all: it has no thread bindings).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.tvm_env import TVM_ERRORS, tvm
+
+# TVM's validator uses allclose(rtol=1e-3, atol=2e-3) for fp32 (ANCHORS.md). fp16 outputs
+# carry ~3 decimal digits, and fp32 accumulation order differs between schedules, so the
+# fp16 tolerance is looser: rtol 1e-2, atol 1e-2.
+TOLERANCES = {"float32": (1e-3, 2e-3), "float16": (1e-2, 1e-2)}
+
+
+@dataclass
+class Timing:
+    latency_s: float | None      # median of the repeats; None when not measured
+    error: str | None = None
+    stage: str | None = None     # where it failed: build | run | check
+
+
+def is_gpu(target: "tvm.target.Target") -> bool:
+    return target.kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
+def device_for(target: "tvm.target.Target"):
+    return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+
+
+def device_available(target: "tvm.target.Target") -> bool:
+    return bool(device_for(target).exist)
+
+
+def arg_specs(mod: "tvm.IRModule") -> list[tuple[tuple[int, ...], str]]:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return [(tuple(int(x) for x in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(mod["main"])]
+
+
+def random_inputs(mod: "tvm.IRModule", seed: int = 0) -> list[np.ndarray]:
+    """Random values for every argument (outputs too: they are overwritten, and a poisoned
+    output shows an element the kernel never wrote). Never zeros: they hide bugs."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1.0, 1.0, size=shape).astype(dtype) for shape, dtype in arg_specs(mod)]
+
+
+def baseline_module(mod: "tvm.IRModule", target: "tvm.target.Target") -> "tvm.IRModule":
+    if not is_gpu(target):
+        return mod
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        )(mod)
+
+
+def build(mod: "tvm.IRModule", target: "tvm.target.Target"):
+    return tvm.compile(mod, target=target)
+
+
+def run(executable, target, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    dev = device_for(target)
+    tensors = [tvm.runtime.tensor(x, dev) for x in inputs]
+    executable.mod["main"](*tensors)
+    dev.sync()
+    return [t.numpy() for t in tensors]
+
+
+def time_executable(executable, target, inputs, number: int = 3, repeat: int = 5, min_repeat_ms: int = 20) -> float:
+    """Median seconds per call, from TVM's time evaluator (warm-up included)."""
+    dev = device_for(target)
+    tensors = [tvm.runtime.tensor(x, dev) for x in inputs]
+    evaluator = executable.mod.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    return float(np.median(evaluator(*tensors).results))
+
+
+def measure_baseline(mod, target, number: int = 3, repeat: int = 5, min_repeat_ms: int = 20) -> Timing:
+    """Latency of the baseline kernel; `latency_s` is None where the target's device is absent."""
+    try:
+        executable = build(baseline_module(mod, target), target)
+    except TVM_ERRORS as err:
+        return Timing(None, _short(err), "build")
+    if not device_available(target):
+        return Timing(None, f"no {target.kind.name} device on this machine", "run")
+    try:
+        return Timing(time_executable(executable, target, random_inputs(mod), number, repeat, min_repeat_ms))
+    except TVM_ERRORS as err:
+        return Timing(None, _short(err), "run")
+
+
+def _short(err: Exception) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(err).__name__)[:500]
+
+
+def wall(fn, *args, **kwargs):
+    """(result, seconds)"""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start

@@ -1,0 +1,208 @@
+"""The script language: exact round trips on real traces of both targets, and malformed input."""
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pipeline import codec
+from pipeline.codec import DecodeError, decode, encode, trace_to_json
+from pipeline.space import SpaceError, sample_many
+from pipeline.workloads import FAMILIES, build, catalog
+
+
+def _sample_traces(target, families, workloads_per_family, samples, seed=0):
+    specs = catalog(seed)
+    out = []
+    for fam in families:
+        for spec in [s for s in specs if s.family == fam][:workloads_per_family]:
+            mod = build(spec)
+            try:
+                schedules = sample_many(mod, target, samples, seed=seed)
+            except SpaceError:
+                continue
+            out.extend((spec, mod, s.trace) for s in schedules)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cpu_traces(cpu_target):
+    return _sample_traces(cpu_target, sorted(FAMILIES), 4, 8)
+
+
+@pytest.fixture(scope="module")
+def cuda_traces(cuda_target):
+    return _sample_traces(cuda_target, sorted(FAMILIES), 4, 8)
+
+
+def _assert_round_trips(traces, target):
+    families = set()
+    for spec, mod, trace in traces:
+        text = encode(mod, trace, target)
+        back = decode(mod, text, target)
+        assert trace_to_json(back) == trace_to_json(trace), (spec.id, text)
+        assert back.as_python() == trace.as_python(), spec.id
+        families.add(spec.family)
+    return families
+
+
+def test_round_trip_cpu_traces(cpu_traces, cpu_target):
+    families = _assert_round_trips(cpu_traces, cpu_target)
+    assert len(cpu_traces) >= 500 and len(families) >= 12
+
+
+def test_round_trip_cuda_traces(cuda_traces, cuda_target):
+    families = _assert_round_trips(cuda_traces, cuda_target)
+    assert len(cuda_traces) >= 350 and len(families) >= 12
+
+
+def test_at_least_1000_traces_over_both_targets(cpu_traces, cuda_traces):
+    assert len(cpu_traces) + len(cuda_traces) >= 1000
+
+
+def test_postprocessing_is_derived_not_written(cpu_traces, cpu_target):
+    spec, mod, trace = cpu_traces[0]
+    text = encode(mod, trace, cpu_target)
+    assert "EnterPostproc" in str(trace) or "enter_postproc" in "\n".join(trace.as_python())
+    assert "POST" not in text.split("\n")
+    assert len(text) < 0.25 * len("\n".join(trace.as_python()))
+
+
+def _build_decoded(mod, text, target):
+    from pipeline.tvm_env import Schedule, tvm
+
+    trace = decode(mod, text, target)
+    sch = Schedule(mod, debug_mask=0)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return tvm.compile(sch.mod, target=target)
+
+
+def test_decoded_cpu_scripts_build(cpu_traces, cpu_target):
+    by_family = {}
+    for spec, mod, trace in cpu_traces:
+        by_family.setdefault(spec.family, (mod, trace))
+    for family, (mod, trace) in by_family.items():
+        executable = _build_decoded(mod, encode(mod, trace, cpu_target), cpu_target)
+        assert executable.mod is not None, family
+
+
+def test_decoded_cuda_scripts_compile_with_nvcc(cuda_traces, cuda_target):
+    """On a machine without a GPU tvm.compile keeps CUDA source uncompiled (GPU.md), so the
+    source is compiled for real with nvcc for the H100/H200 architecture."""
+    from pipeline.tvm_env import tvm
+
+    by_family = {}
+    for spec, mod, trace in cuda_traces:
+        by_family.setdefault(spec.family, (mod, trace))
+    for family in sorted(by_family)[:6]:
+        mod, trace = by_family[family]
+        executable = _build_decoded(mod, encode(mod, trace, cuda_target), cuda_target)
+        source = executable.mod.imports[0].inspect_source()
+        with cuda_target:
+            cubin = tvm.support.nvcc.compile_cuda(source, target_format="cubin")
+        assert len(cubin) > 1000, family
+
+
+def test_explicit_postproc_when_not_derivable(cpu_traces, cpu_target):
+    """A trace whose postprocessing section differs from what the postprocessors derive
+    is still encoded exactly: the section is written after POST."""
+    spec, mod, trace = cpu_traces[0]
+    insts, decisions = trace_to_json(trace)
+    # Drop the last postprocessing instruction: no longer what the postprocessors produce.
+    truncated = [insts[:-1], [d for d in decisions if d[0] < len(insts) - 1]]
+    text = codec.encode_json(mod, truncated, cpu_target)
+    assert "POST" in text.split("\n")
+    assert trace_to_json(decode(mod, text, cpu_target)) == truncated
+
+
+# --------------------------------------------------------------------------- malformed input
+
+def _valid_script(mod, target):
+    return encode(mod, sample_many(mod, target, 1, seed=3)[0].trace, target)
+
+
+@pytest.mark.parametrize("text,category", [
+    ("", "syntax"),
+    ("\n\n", "syntax"),
+    ("FOO b0", "unknown_instruction"),
+    ("!NoSuchKind [[],[],[],null]", "unknown_instruction"),
+    ("L b9 3", "undefined_name"),
+    ("B matmul\nL b0 3\nS l5 v2-3", "undefined_name"),
+    ("B matmul\nL b0 3\nT l1 2,8,8", "tile_product"),
+    ("K 0,16,64 5", "categorical_range"),
+    ("K 0,16,64 -1", "categorical_range"),
+    ("B matmul\nL b0", "arity"),
+    ("B matmul\nL b0 3 4 5", "arity"),
+    ("B matmul\nL b0 x", "syntax"),
+    ("B matmul\nL b0 3\nS l1 v2-", "syntax"),
+    ('B "unterminated', "syntax"),
+    ("B nosuchblock", "schedule"),
+    ("B matmul\nL b0 3\nF l3,l1", "schedule"),
+    ("!Split [1,2]", "arity"),
+    ("!Split {not json", "syntax"),
+])
+def test_malformed_scripts_raise_decode_error(matmul_mod, cpu_target, text, category):
+    with pytest.raises(DecodeError) as info:
+        decode(matmul_mod, text, cpu_target)
+    assert info.value.category == category, str(info.value)
+    assert info.value.line >= 0 and info.value.column >= 0
+
+
+def test_error_positions_point_at_the_line(matmul_mod, cpu_target):
+    with pytest.raises(DecodeError) as info:
+        decode(matmul_mod, "B matmul\nL b0 3\nT l1 1,2,8\nT l2 2,8,8", cpu_target)
+    assert (info.value.category, info.value.line) == ("tile_product", 4)
+
+
+def test_truncated_scripts_never_crash(matmul_mod, cpu_target):
+    text = _valid_script(matmul_mod, cpu_target)
+    rng = random.Random(0)
+    for cut in sorted(rng.sample(range(1, len(text)), 60)):
+        try:
+            decode(matmul_mod, text[:cut], cpu_target)
+        except DecodeError as err:
+            assert err.category in codec.CATEGORIES
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("BLTSKAFR!0123456789,-_ \n\"[]{}blvx:.=")), max_size=60))
+def test_random_text_only_raises_decode_error(text):
+    from pipeline.tvm_env import make_target
+    from pipeline.workloads import Spec
+
+    mod = build(Spec("matmul", (16, 256, 256), "float32"))
+    try:
+        decode(mod, text, make_target({"kind": "llvm", "num-cores": 2}))
+    except DecodeError as err:
+        assert err.category in codec.CATEGORIES
+
+
+def test_mutated_scripts_only_raise_decode_error(matmul_mod, cpu_target):
+    lines = _valid_script(matmul_mod, cpu_target).split("\n")
+    rng = random.Random(1)
+    outcomes = set()
+    for _ in range(150):
+        mutated = list(lines)
+        i = rng.randrange(len(mutated))
+        op = rng.choice(["drop", "swap", "digit", "dup"])
+        if op == "drop":
+            del mutated[i]
+        elif op == "swap":
+            j = rng.randrange(len(mutated))
+            mutated[i], mutated[j] = mutated[j], mutated[i]
+        elif op == "digit":
+            mutated[i] = "".join(str(rng.randrange(10)) if c.isdigit() and rng.random() < 0.5 else c for c in mutated[i])
+        else:
+            mutated.insert(i, mutated[i])
+        try:
+            decode(matmul_mod, "\n".join(mutated), cpu_target)
+            outcomes.add("ok")
+        except DecodeError as err:
+            outcomes.add(err.category)
+    assert len(outcomes - {"ok"}) >= 3  # several distinct failure categories were exercised
+
+
+def test_decode_error_stage_mapping():
+    assert DecodeError("syntax", "x").stage == "decode"
+    assert DecodeError("schedule", "x").stage == "apply"
+    assert DecodeError("postproc", "x").stage == "postproc"

@@ -1,0 +1,59 @@
+"""The search stage on a real (tiny) MetaSchedule run on the CPU."""
+
+import json
+
+import pytest
+
+from pipeline import io
+from pipeline.params import ParamsError, from_dict
+from pipeline.search import SearchParams, record_counts, run_search, select_workloads
+
+
+def _params(tmp_path, **over):
+    values = dict(target={"kind": "llvm", "num-cores": 2}, families=["elementwise"], num_workloads=1,
+                  trials_per_workload=4, trials_per_iter=4, max_mflop=1, max_elements=20000,
+                  population_size=8, genetic_num_iters=1, shard_size=1, run_timeout_s=10, min_repeat_ms=5,
+                  work_dir=str(tmp_path / "search"), report=str(tmp_path / "search.json"))
+    values.update(over)
+    return from_dict(SearchParams, values)
+
+
+def test_search_records_every_candidate_and_resumes(tmp_path):
+    p = _params(tmp_path)
+    summary = run_search(p, progress=False)
+    shard = tmp_path / "search" / "shard-0000"
+    counts = record_counts(shard)
+    assert summary["trials"] == sum(counts.values()) >= 4
+    row = summary["per_workload"][0]
+    assert row["best_s"] > 0 and row["baseline_s"] > 0 and row["speedup"] > 0
+    assert json.loads((tmp_path / "search.json").read_text())["workloads"] == 1
+    # Resume: the workload already holds its budget, so nothing new is measured.
+    lines_before = (shard / "database_tuning_record.json").read_text().count("\n")
+    run_search(p, progress=False)
+    assert (shard / "database_tuning_record.json").read_text().count("\n") == lines_before
+
+
+def test_failed_builds_are_data_not_crashes(tmp_path):
+    p = _params(tmp_path, build_timeout_s=0.001)
+    summary = run_search(p, progress=False)
+    errors = list(io.read_jsonl(tmp_path / "search" / "shard-0000" / "errors.jsonl"))
+    assert errors and all(e["stage"] == "build" for e in errors)
+    assert errors[0]["trace"][0][0][0] == "GetSBlock"  # the failed candidate's trace is kept
+    assert summary["failed_trials"] == summary["trials"] >= 1
+
+
+def test_selection_respects_limits_and_families(tmp_path):
+    p = _params(tmp_path, families=["matmul", "softmax", "pool2d"], num_workloads=6, max_mflop=5, max_elements=100000)
+    chosen = select_workloads(p)
+    assert len(chosen) == 6
+    assert [s.family for s in chosen[:3]] == ["matmul", "softmax", "pool2d"]
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"families": ["nope"]}, "unknown families"),
+    ({"trials_per_iter": 99}, "trials_per_iter"),
+    ({"num_workloads": 0}, "num_workloads"),
+])
+def test_bad_params_are_rejected_with_a_fix(tmp_path, over, match):
+    with pytest.raises(ParamsError, match=match):
+        _params(tmp_path, **over)
