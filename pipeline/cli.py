@@ -2,8 +2,9 @@
 
     little-dragon catalog [--verify]     the workload catalog (and its distinctness check)
     little-dragon search                 stage 1: MetaSchedule search
+    little-dragon data                   stage 2: training examples + pre-training corpus
+    little-dragon validate               stage 3: Great Expectations validation (fails the pipeline)
     little-dragon codec-report           compactness of the script language
-    little-dragon encode KERNEL TRACE    print a trace (JSON) of a kernel in the script language
 
 Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
 call exactly these commands.
@@ -36,6 +37,24 @@ def _codec_report(args) -> int:
     return 0
 
 
+def _data(args) -> int:
+    from pipeline import dataset
+
+    dataset.main(args.params, progress=not args.quiet)
+    return 0
+
+
+def _validate(args) -> int:
+    from pipeline import validate
+
+    try:
+        validate.main(args.params)
+    except validate.ValidationFailed as err:
+        print(f"little-dragon validate: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="little-dragon", description=__doc__.split("\n")[0])
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
@@ -48,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("search", help="stage 1: MetaSchedule search over a slice of the catalog")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_search)
+
+    p = sub.add_parser("data", help="stage 2: training examples and the pre-training corpus")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_data)
+
+    p = sub.add_parser("validate", help="stage 3: Great Expectations validation of the training data")
+    p.set_defaults(func=_validate)
 
     p = sub.add_parser("codec-report", help="measure the script language's compactness")
     p.set_defaults(func=_codec_report)

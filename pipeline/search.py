@@ -22,13 +22,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import io, params as P
+from pipeline import io, params as P, records
 from pipeline.measure import measure_baseline
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm, worker_init
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
-
-FAILED_RUN_SECS = 1e9  # MetaSchedule stores a failed candidate with run_secs 1e10
-
 
 @dataclass
 class SearchParams:
@@ -132,15 +129,10 @@ class _Recorder(ms.measure_callback.PyMeasureCallback):
 
 
 def record_counts(db_dir: Path) -> dict[str, int]:
-    """Tuning records per workload hash in a shard's database (by the workload index)."""
-    wl_file, rec_file = db_dir / "database_workload.json", db_dir / "database_tuning_record.json"
-    if not wl_file.exists() or not rec_file.exists():
-        return {}
-    index_to_hash = [row[0] for row in io.read_jsonl(wl_file)]
+    """Tuning records per workload hash in a shard's database."""
     counts: dict[str, int] = defaultdict(int)
-    for row in io.read_jsonl(rec_file):
-        if 0 <= row[0] < len(index_to_hash):
-            counts[index_to_hash[row[0]]] += 1
+    for ref in records.scan(db_dir):
+        counts[ref.workload_hash] += 1
     return counts
 
 
@@ -175,22 +167,16 @@ def summarize_shard(shard_dir: Path) -> list[dict]:
     """Per workload: trials, failures and best latency, from the shard's database."""
     workloads = json.loads((shard_dir / "workloads.json").read_text())
     baselines = json.loads((shard_dir / "baselines.json").read_text()) if (shard_dir / "baselines.json").exists() else {}
-    wl_file = shard_dir / "database_workload.json"
-    index_to_hash = [row[0] for row in io.read_jsonl(wl_file)] if wl_file.exists() else []
     stats = {w["hash"]: {"trials": 0, "failed": 0, "best_s": None} for w in workloads}
-    rec_file = shard_dir / "database_tuning_record.json"
-    for row in (io.read_jsonl(rec_file) if rec_file.exists() else []):
-        h = index_to_hash[row[0]] if 0 <= row[0] < len(index_to_hash) else None
-        if h not in stats:
+    for ref in records.scan(shard_dir):
+        s = stats.get(ref.workload_hash)
+        if s is None:
             continue
-        run_secs = row[1][1]
-        s = stats[h]
         s["trials"] += 1
-        if not run_secs or min(run_secs) >= FAILED_RUN_SECS:
+        if ref.latency_s is None:
             s["failed"] += 1
-            continue
-        lat = sum(run_secs) / len(run_secs)
-        s["best_s"] = lat if s["best_s"] is None else min(s["best_s"], lat)
+        elif s["best_s"] is None or ref.latency_s < s["best_s"]:
+            s["best_s"] = ref.latency_s
     rows = []
     for w in workloads:
         row = {**w, **stats[w["hash"]], "baseline_s": baselines.get(w["id"], {}).get("latency_s")}
@@ -206,6 +192,9 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     specs = select_workloads(p)
+    if not specs:
+        raise P.ParamsError(f"no workload of {p.families} fits max_mflop={p.max_mflop} and "
+                            f"max_elements={p.max_elements}; raise the limits or add families")
     shards = [specs[i:i + p.shard_size] for i in range(0, len(specs), p.shard_size)]
     plan = []
     for i, shard in enumerate(shards):

@@ -25,14 +25,15 @@ def _sample_traces(target, families, workloads_per_family, samples, seed=0):
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cpu_traces(cpu_target):
-    return _sample_traces(cpu_target, sorted(FAMILIES), 4, 8)
+    return _sample_traces(cpu_target, sorted(FAMILIES), 5, 8)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cuda_traces(cuda_target):
-    return _sample_traces(cuda_target, sorted(FAMILIES), 4, 8)
+    # More workloads than on the CPU: VerifyGPUCode rejects a share of CUDA samples.
+    return _sample_traces(cuda_target, sorted(FAMILIES), 7, 8)
 
 
 def _assert_round_trips(traces, target):
@@ -46,20 +47,19 @@ def _assert_round_trips(traces, target):
     return families
 
 
+@pytest.mark.xdist_group(name="cpu")
 def test_round_trip_cpu_traces(cpu_traces, cpu_target):
     families = _assert_round_trips(cpu_traces, cpu_target)
-    assert len(cpu_traces) >= 500 and len(families) >= 12
+    assert len(cpu_traces) >= 600 and len(families) >= 12  # with CUDA's >= 400: >= 1000 traces
 
 
+@pytest.mark.xdist_group(name="cuda")
 def test_round_trip_cuda_traces(cuda_traces, cuda_target):
     families = _assert_round_trips(cuda_traces, cuda_target)
-    assert len(cuda_traces) >= 350 and len(families) >= 12
+    assert len(cuda_traces) >= 400 and len(families) >= 12  # with the CPU's >= 600: >= 1000 traces
 
 
-def test_at_least_1000_traces_over_both_targets(cpu_traces, cuda_traces):
-    assert len(cpu_traces) + len(cuda_traces) >= 1000
-
-
+@pytest.mark.xdist_group(name="cpu")
 def test_postprocessing_is_derived_not_written(cpu_traces, cpu_target):
     spec, mod, trace = cpu_traces[0]
     text = encode(mod, trace, cpu_target)
@@ -68,41 +68,55 @@ def test_postprocessing_is_derived_not_written(cpu_traces, cpu_target):
     assert len(text) < 0.25 * len("\n".join(trace.as_python()))
 
 
-def _build_decoded(mod, text, target):
+def _build(mod, trace, target):
     from pipeline.tvm_env import Schedule, tvm
 
-    trace = decode(mod, text, target)
     sch = Schedule(mod, debug_mask=0)
     trace.apply_to_schedule(sch, remove_postproc=False)
     return tvm.compile(sch.mod, target=target)
 
 
+def _builds_of_decoded(traces, target, per_family_limit):
+    """For each family, the first trace whose original builds: the decoded one must build too.
+    (Some sampled CUDA fp16 tensor-core traces fail in TVM's own lowering, decoded or not:
+    "tvm_access_ptr element type must match", as GPU.md records.)"""
+    from pipeline.tvm_env import TVM_ERRORS
+
+    built = {}
+    for spec, mod, trace in traces:
+        if spec.family in built or len(built) >= per_family_limit:
+            continue
+        try:
+            _build(mod, trace, target)
+        except TVM_ERRORS:
+            continue
+        built[spec.family] = _build(mod, decode(mod, encode(mod, trace, target), target), target)
+    return built
+
+
+@pytest.mark.xdist_group(name="cpu")
 def test_decoded_cpu_scripts_build(cpu_traces, cpu_target):
-    by_family = {}
-    for spec, mod, trace in cpu_traces:
-        by_family.setdefault(spec.family, (mod, trace))
-    for family, (mod, trace) in by_family.items():
-        executable = _build_decoded(mod, encode(mod, trace, cpu_target), cpu_target)
-        assert executable.mod is not None, family
+    built = _builds_of_decoded(cpu_traces, cpu_target, len(FAMILIES))
+    assert len(built) >= 12
+    assert all(ex.mod is not None for ex in built.values())
 
 
+@pytest.mark.xdist_group(name="cuda")
 def test_decoded_cuda_scripts_compile_with_nvcc(cuda_traces, cuda_target):
     """On a machine without a GPU tvm.compile keeps CUDA source uncompiled (GPU.md), so the
     source is compiled for real with nvcc for the H100/H200 architecture."""
     from pipeline.tvm_env import tvm
 
-    by_family = {}
-    for spec, mod, trace in cuda_traces:
-        by_family.setdefault(spec.family, (mod, trace))
-    for family in sorted(by_family)[:6]:
-        mod, trace = by_family[family]
-        executable = _build_decoded(mod, encode(mod, trace, cuda_target), cuda_target)
+    built = _builds_of_decoded(cuda_traces, cuda_target, 6)
+    assert len(built) >= 6
+    for family, executable in built.items():
         source = executable.mod.imports[0].inspect_source()
         with cuda_target:
-            cubin = tvm.support.nvcc.compile_cuda(source, target_format="cubin")
+            cubin = tvm.support.nvcc.compile_cuda(source, target_format="cubin", compiler="nvcc")
         assert len(cubin) > 1000, family
 
 
+@pytest.mark.xdist_group(name="cpu")
 def test_explicit_postproc_when_not_derivable(cpu_traces, cpu_target):
     """A trace whose postprocessing section differs from what the postprocessors derive
     is still encoded exactly: the section is written after POST."""

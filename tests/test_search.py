@@ -10,8 +10,8 @@ from pipeline.search import SearchParams, record_counts, run_search, select_work
 
 
 def _params(tmp_path, **over):
-    values = dict(target={"kind": "llvm", "num-cores": 2}, families=["elementwise"], num_workloads=1,
-                  trials_per_workload=4, trials_per_iter=4, max_mflop=1, max_elements=20000,
+    values = dict(target={"kind": "llvm", "num-cores": 2}, families=["matmul"], num_workloads=1,
+                  trials_per_workload=4, trials_per_iter=4, max_mflop=2, max_elements=200000,
                   population_size=8, genetic_num_iters=1, shard_size=1, run_timeout_s=10, min_repeat_ms=5,
                   work_dir=str(tmp_path / "search"), report=str(tmp_path / "search.json"))
     values.update(over)
@@ -47,6 +47,11 @@ def test_selection_respects_limits_and_families(tmp_path):
     chosen = select_workloads(p)
     assert len(chosen) == 6
     assert [s.family for s in chosen[:3]] == ["matmul", "softmax", "pool2d"]
+
+
+def test_no_eligible_workload_is_a_clear_error(tmp_path):
+    with pytest.raises(ParamsError, match="no workload"):
+        run_search(_params(tmp_path, max_elements=10), progress=False)
 
 
 @pytest.mark.parametrize("over,match", [

@@ -1,0 +1,255 @@
+"""Stage 2: training data from the search databases, and a pre-training corpus.
+
+    little-dragon data
+
+Writes `data/dataset/{train,val,test}.jsonl` (construction and refinement examples),
+`data/dataset/corpus.jsonl` (scripts sampled from design spaces, no measurement: the
+pre-training corpus, as TLM does), and `reports/data.json`, `reports/data.md`, `reports/data.png`.
+
+- Construction: kernel -> one of its `top_k` best measured scripts.
+- Refinement: kernel + a measured script -> a measured script of the same workload at least
+  `min_speedup` times faster. Pairs are drawn from *all* measured candidates.
+- Splits are by workload: validation and test workloads never appear in training, nor in the
+  corpus. Rows are deduplicated on (prompt, completion).
+- Records are streamed (`pipeline.records`): only (hash, latency, offset) stay in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from pipeline import codec, io, params as P, records
+from pipeline.describe import describe
+from pipeline.space import SpaceError, sample_many
+from pipeline.tvm_env import make_target, structural_hash
+from pipeline.workloads import Spec, build, catalog, held_out_hashes
+
+PROMPT_SCRIPT = "### script\n"
+PROMPT_BETTER = "### faster script\n"
+
+
+@dataclass
+class DataParams:
+    search_dir: str = "data/search"
+    output_dir: str = "data/dataset"
+    min_speedup: float = 1.05        # a refinement target must be at least this much faster
+    top_k_construction: int = 4
+    max_pairs_per_workload: int = 400
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    corpus_workloads: int = 200      # catalog workloads sampled for the pre-training corpus
+    corpus_samples_per_workload: int = 4
+    seed: int = 0
+    report: str = "reports/data.json"
+
+    def __post_init__(self):
+        P.require(self.min_speedup >= 1.0, "min_speedup must be >= 1.0 (a target faster than its source)")
+        P.require(self.top_k_construction >= 1, "top_k_construction must be >= 1")
+        P.require(0 <= self.val_fraction < 0.5 and 0 <= self.test_fraction < 0.5, "split fractions must be in [0, 0.5)")
+
+
+def construction_prompt(description: str, target_name: str) -> str:
+    return f"target: {target_name}\n{description}\n{PROMPT_SCRIPT}"
+
+
+def refinement_prompt(description: str, target_name: str, script: str, speedup_vs_baseline: float) -> str:
+    return (f"target: {target_name}\n{description}\n### current script ({speedup_vs_baseline:.2f}x baseline)\n"
+            f"{script}\n{PROMPT_BETTER}")
+
+
+def assign_splits(workload_ids: list[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, str]:
+    """Deterministic split by workload: a workload's examples all land in one split."""
+    order = sorted(workload_ids, key=lambda w: hashlib.sha1(f"{seed}:{w}".encode()).hexdigest())
+    n = len(order)
+    n_test = max(1, round(n * test_fraction)) if n >= 3 and test_fraction > 0 else 0
+    n_val = max(1, round(n * val_fraction)) if n >= 3 and val_fraction > 0 else 0
+    return {w: ("test" if i < n_test else "val" if i < n_test + n_val else "train") for i, w in enumerate(order)}
+
+
+def _load_workloads(search_dir: str) -> dict[str, dict]:
+    """hash -> workload entry (spec, target, baseline latency)."""
+    out = {}
+    for shard in records.shard_dirs(search_dir):
+        baselines = json.loads((shard / "baselines.json").read_text()) if (shard / "baselines.json").exists() else {}
+        for w in json.loads((shard / "workloads.json").read_text()):
+            out[w["hash"]] = {**w, "baseline_s": baselines.get(w["id"], {}).get("latency_s")}
+    return out
+
+
+def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], dict]:
+    workloads = _load_workloads(p.search_dir)
+    if not workloads:
+        raise FileNotFoundError(f"no search output in {p.search_dir}: run `little-dragon search` first")
+    # Pass 1 (streaming): keep latency and file offset per candidate, no traces.
+    refs: dict[str, list[records.RecordRef]] = defaultdict(list)
+    n_records = n_failed = 0
+    for shard in records.shard_dirs(p.search_dir):
+        for ref in records.scan(shard):
+            n_records += 1
+            if ref.latency_s is None:
+                n_failed += 1
+            elif ref.workload_hash in workloads:
+                refs[ref.workload_hash].append(ref)
+    splits = assign_splits([workloads[h]["id"] for h in refs], p.val_fraction, p.test_fraction, p.seed)
+    rng = random.Random(p.seed)
+    rows: list[dict] = []
+    seen: set[tuple[str, str]] = set()
+    for h in tqdm(sorted(refs, key=lambda h: workloads[h]["id"]), desc="examples", disable=not progress):
+        w = workloads[h]
+        spec, target = Spec.from_json(w), make_target(w["target"])
+        mod = build(spec)
+        description = describe(mod)
+        baseline = w["baseline_s"]
+        cands = sorted(refs[h], key=lambda r: r.latency_s)
+        cache: dict[int, str | None] = {}
+
+        def script(ref: records.RecordRef) -> str | None:
+            if ref.offset not in cache:
+                try:
+                    cache[ref.offset] = codec.encode_json(mod, records.trace_at(ref), target)
+                except (codec.DecodeError, TypeError, ValueError):
+                    cache[ref.offset] = None
+            return cache[ref.offset]
+
+        def add(row: dict) -> None:
+            key = (row["prompt"], row["completion"])
+            if row["completion"] is not None and key not in seen:
+                seen.add(key)
+                rows.append({"workload": w["id"], "family": w["family"], "split": splits[w["id"]],
+                             "target": target.kind.name, "baseline_s": baseline, **row})
+
+        for ref in cands[: p.top_k_construction]:
+            add({"task": "construction", "prompt": construction_prompt(description, target.kind.name),
+                 "completion": script(ref), "latency_s": ref.latency_s, "source_latency_s": None,
+                 "speedup_vs_source": None,
+                 "speedup_vs_baseline": baseline / ref.latency_s if baseline else None})
+        pairs = [(i, j) for i in range(len(cands)) for j in range(len(cands))
+                 if cands[i].latency_s >= p.min_speedup * cands[j].latency_s]
+        rng.shuffle(pairs)
+        for i, j in pairs[: p.max_pairs_per_workload]:
+            src, dst = cands[i], cands[j]
+            src_script = script(src)
+            if src_script is None:
+                continue
+            rel = baseline / src.latency_s if baseline else 1.0
+            add({"task": "refinement",
+                 "prompt": refinement_prompt(description, target.kind.name, src_script, rel),
+                 "completion": script(dst), "latency_s": dst.latency_s, "source_latency_s": src.latency_s,
+                 "speedup_vs_source": src.latency_s / dst.latency_s,
+                 "speedup_vs_baseline": baseline / dst.latency_s if baseline else None})
+    stats = {"records": n_records, "failed_records": n_failed, "workloads": len(refs)}
+    return rows, stats
+
+
+def build_corpus(p: DataParams, exclude_hashes: set[str], target_spec, progress: bool = True) -> list[dict]:
+    """Scripts sampled from the design spaces of catalog workloads, each checked to decode
+    and apply (decode runs the schedule and the postprocessors), no measurement."""
+    target = make_target(target_spec)
+    held = held_out_hashes()
+    rows = []
+    specs = catalog(p.seed + 1)
+    bar = tqdm(total=p.corpus_workloads, desc="corpus", disable=not progress)
+    used = 0
+    for spec in specs:
+        if used >= p.corpus_workloads:
+            break
+        mod = build(spec)
+        h = structural_hash(mod)
+        if h in exclude_hashes or h in held:
+            continue
+        used += 1
+        bar.update(1)
+        try:
+            schedules = sample_many(mod, target, p.corpus_samples_per_workload, seed=p.seed)
+        except SpaceError:
+            continue
+        description = describe(mod)
+        for sch in schedules:
+            text = codec.encode(mod, sch.trace, target)
+            codec.decode(mod, text, target)  # the check: it decodes and applies
+            rows.append({"workload": spec.id, "text": construction_prompt(description, target.kind.name) + text})
+    bar.close()
+    return rows
+
+
+def summarize(rows: list[dict], stats: dict, corpus: list[dict], p: DataParams) -> dict:
+    by_split = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        by_split[r["split"]][r["task"]] += 1
+    refine = [r["speedup_vs_source"] for r in rows if r["task"] == "refinement"]
+    lengths = [len(r["completion"]) for r in rows]
+    return {
+        **stats,
+        "examples": len(rows),
+        "by_split": {k: dict(v) for k, v in by_split.items()},
+        "split_workloads": {s: len({r["workload"] for r in rows if r["split"] == s}) for s in ("train", "val", "test")},
+        "min_speedup": p.min_speedup,
+        "refinement_speedup": {"median": statistics.median(refine), "max": max(refine), "min": min(refine)} if refine else None,
+        "script_chars": {"mean": statistics.mean(lengths), "max": max(lengths)} if lengths else None,
+        "corpus_scripts": len(corpus),
+    }
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    refine = [math.log2(r["speedup_vs_source"]) for r in rows if r["task"] == "refinement"]
+    axes[0].hist(refine, bins=30)
+    axes[0].set_xlabel("log2 speedup, refinement target vs source")
+    axes[0].set_ylabel("examples")
+    axes[1].hist([len(r["completion"]) for r in rows], bins=30)
+    axes[1].set_xlabel("script length (chars)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+    p = P.load("data", DataParams, params_path)
+    # The corpus is sampled for the search stage's target (one source of truth for it).
+    target_spec = yaml.safe_load(Path(params_path).read_text())["search"]["target"]
+    rows, stats = build_examples(p, progress)
+    eval_hashes = {structural_hash(build(Spec.from_json(w))) for w in _load_workloads(p.search_dir).values()
+                   if any(r["workload"] == w["id"] and r["split"] != "train" for r in rows)}
+    corpus = build_corpus(p, eval_hashes, target_spec, progress)
+    out = Path(p.output_dir)
+    for split in ("train", "val", "test"):
+        io.write_jsonl(out / f"{split}.jsonl", (r for r in rows if r["split"] == split))
+    io.write_jsonl(out / "corpus.jsonl", corpus)
+    summary = summarize(rows, stats, corpus, p)
+    io.write_json(p.report, summary)
+    _plot(rows, str(Path(p.report).with_suffix(".png")))
+    _write_markdown(summary, str(Path(p.report).with_suffix(".md")))
+    print(f"data: {summary['examples']} examples {summary['by_split']}, {len(corpus)} corpus scripts -> {out}")
+    return summary
+
+
+def _write_markdown(s: dict, path: str) -> None:
+    lines = ["# Training data", "", f"- records read: {s['records']} ({s['failed_records']} failed candidates)",
+             f"- workloads: {s['workloads']} (train/val/test: {s['split_workloads']})",
+             f"- examples: {s['examples']}", f"- pre-training corpus: {s['corpus_scripts']} scripts", "",
+             "| split | construction | refinement |", "| --- | --- | --- |"]
+    for split in ("train", "val", "test"):
+        d = s["by_split"].get(split, {})
+        lines.append(f"| {split} | {d.get('construction', 0)} | {d.get('refinement', 0)} |")
+    if s["refinement_speedup"]:
+        r = s["refinement_speedup"]
+        lines += ["", f"Refinement pairs: target at least {s['min_speedup']}x faster than source; "
+                  f"median {r['median']:.2f}x, max {r['max']:.1f}x.", ""]
+    lines += ["![speedups and script lengths](data.png)", ""]
+    io.write_text_atomic(path, "\n".join(lines))

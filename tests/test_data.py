@@ -1,0 +1,110 @@
+"""Training data: examples from a real (tiny) search, splits, corpus, and GX validation."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.xdist_group(name="data")  # share the module's search run on one worker
+
+from pipeline import dataset, validate
+from pipeline.params import from_dict
+from pipeline.search import SearchParams, run_search
+
+TARGET = {"kind": "llvm", "num-cores": 2}
+
+
+@pytest.fixture(scope="module")
+def search_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    p = from_dict(SearchParams, dict(
+        target=TARGET, families=["matmul", "softmax", "pool2d"], num_workloads=3, trials_per_workload=8,
+        trials_per_iter=8, max_mflop=2, max_elements=50000, population_size=16, genetic_num_iters=1,
+        shard_size=3, run_timeout_s=10, min_repeat_ms=5, work_dir=str(root / "search"), report=str(root / "s.json")))
+    run_search(p, progress=False)
+    return root / "search"
+
+
+@pytest.fixture(scope="module")
+def examples(search_dir):
+    p = from_dict(dataset.DataParams, dict(search_dir=str(search_dir), min_speedup=1.05,
+                                           top_k_construction=3, val_fraction=0.34, test_fraction=0.34))
+    rows, stats = dataset.build_examples(p, progress=False)
+    return p, rows, stats
+
+
+def test_examples_have_both_tasks_and_measured_columns(examples):
+    p, rows, stats = examples
+    tasks = {r["task"] for r in rows}
+    assert tasks == {"construction", "refinement"}
+    for r in rows:
+        assert r["latency_s"] > 0 and r["completion"]
+        if r["task"] == "refinement":
+            assert r["speedup_vs_source"] >= p.min_speedup
+            assert r["source_latency_s"] > r["latency_s"]
+            assert "### current script" in r["prompt"]
+    assert stats["records"] >= 8
+
+
+def test_splits_are_by_workload_and_rows_unique(examples):
+    _, rows, _ = examples
+    split_of = {}
+    for r in rows:
+        assert split_of.setdefault(r["workload"], r["split"]) == r["split"]
+    assert set(split_of.values()) == {"train", "val", "test"}
+    assert len({(r["prompt"], r["completion"]) for r in rows}) == len(rows)
+
+
+def test_prompt_describes_the_ir_not_the_family_name(examples):
+    _, rows, _ = examples
+    for r in rows:
+        assert "block " in r["prompt"] and "args:" in r["prompt"]
+
+
+def test_corpus_excludes_eval_workloads_and_decodes(search_dir):
+    p = from_dict(dataset.DataParams, dict(search_dir=str(search_dir), corpus_workloads=3, corpus_samples_per_workload=2))
+    corpus = dataset.build_corpus(p, exclude_hashes=set(), target_spec=TARGET, progress=False)
+    assert len(corpus) >= 3
+    assert all("### script\n" in row["text"] for row in corpus)
+
+
+def _frame(rows):
+    return pd.DataFrame(rows)[validate.COLUMNS]
+
+
+def _validate(df, tmp_path, min_examples=1):
+    p = from_dict(validate.ValidateParams, dict(min_examples=min_examples, gx_dir=str(tmp_path / "gx"),
+                                                docs_dir=str(tmp_path / "docs"), report=str(tmp_path / "v.json")))
+    return validate.failures(validate.run_validation(df, p, min_speedup=1.05))
+
+
+def test_validation_passes_on_good_data(examples, search_dir, tmp_path):
+    _, rows, _ = examples
+    validate._load_specs(str(search_dir))
+    df = validate.add_derived_columns(_frame(rows), TARGET)
+    assert _validate(df, tmp_path) == []
+    assert (tmp_path / "docs" / "index.html").exists()
+
+
+@pytest.mark.parametrize("corrupt,expected", [
+    (lambda df: df.assign(latency_s=-df["latency_s"]), "expect_column_values_to_be_between on latency_s"),
+    (lambda df: df.assign(completion=df["completion"].where(df.index != 0, "T l0 garbage")), "expect_column_values_to_be_in_set on roundtrip_ok"),
+    (lambda df: df.assign(split=df["split"].where(df.index != 0, "test" if df.loc[0, "split"] != "test" else "train")), "splits_of_workload"),
+    (lambda df: df.assign(speedup_vs_source=df["speedup_vs_source"] * 0.5), "speedup_vs_source"),
+    (lambda df: pd.concat([df, df.iloc[:1]], ignore_index=True), "expect_compound_columns_to_be_unique"),
+])
+def test_corrupted_data_fails_and_names_the_expectation(examples, search_dir, tmp_path, corrupt, expected):
+    _, rows, _ = examples
+    validate._load_specs(str(search_dir))
+    df = validate.add_derived_columns(corrupt(_frame(rows)), TARGET)
+    bad = _validate(df, tmp_path)
+    assert any(expected in line for line in bad), bad
+
+
+def test_too_few_examples_fail(examples, search_dir, tmp_path):
+    _, rows, _ = examples
+    validate._load_specs(str(search_dir))
+    df = validate.add_derived_columns(_frame(rows), TARGET)
+    bad = _validate(df, tmp_path, min_examples=10**6)
+    assert any("expect_table_row_count_to_be_between" in line for line in bad)
