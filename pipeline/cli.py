@@ -4,6 +4,7 @@
     little-dragon search                 stage 1: MetaSchedule search
     little-dragon data                   stage 2: training examples + pre-training corpus
     little-dragon validate               stage 3: Great Expectations validation (fails the pipeline)
+    little-dragon sft                    stage 4: SFT (TRL; LoRA through PEFT for a pretrained base)
     little-dragon codec-report           compactness of the script language
 
 Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
@@ -55,6 +56,13 @@ def _validate(args) -> int:
     return 0
 
 
+def _sft(args) -> int:
+    from pipeline import train_sft
+
+    train_sft.main(args.params, progress=not args.quiet)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="little-dragon", description=__doc__.split("\n")[0])
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
@@ -74,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("validate", help="stage 3: Great Expectations validation of the training data")
     p.set_defaults(func=_validate)
+
+    p = sub.add_parser("sft", help="stage 4: supervised fine-tuning (from scratch, or LoRA on a local base)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_sft)
 
     p = sub.add_parser("codec-report", help="measure the script language's compactness")
     p.set_defaults(func=_codec_report)

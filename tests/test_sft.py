@@ -1,0 +1,72 @@
+"""SFT: a tiny from-scratch model and a tiny 'pretrained' base with LoRA, trained for real."""
+
+import pytest
+import torch
+
+from pipeline import train_sft
+from pipeline.generate import GenerationParams, clean, generate
+from pipeline.params import ParamsError, from_dict
+
+pytestmark = pytest.mark.xdist_group(name="sft")
+
+ROWS = [{"prompt": f"target: llvm\nargs: A f32[{n},64]\n### script\n",
+         "completion": f"B matmul\nL b0 3\nT l1 1,{n}\nS l1 v4-5"} for n in (2, 4, 8, 16)] * 8
+CORPUS = [{"text": r["prompt"] + r["completion"]} for r in ROWS]
+
+
+def _params(tmp_path, **over):
+    values = dict(hidden_size=32, layers=2, heads=2, intermediate_size=64, vocab_size=300, max_length=128,
+                  pretrain_steps=5, sft_steps=30, batch_size=8, learning_rate=3e-3,
+                  output_dir=str(tmp_path / "sft"), report=str(tmp_path / "sft.json"))
+    values.update(over)
+    return from_dict(train_sft.SFTParams, values)
+
+
+def test_scratch_model_learns_and_weights_change(tmp_path):
+    p = _params(tmp_path)
+    torch.manual_seed(0)
+    tokenizer = train_sft.make_tokenizer(p, [r["text"] for r in CORPUS])
+    before = {k: v.clone() for k, v in train_sft.make_model(p, tokenizer).state_dict().items()}
+    model, tokenizer, history = train_sft.train(p, ROWS, CORPUS, progress=False)
+    sft = [loss for phase, _, loss in history if phase == "sft"]
+    assert sft[-1] < sft[0] * 0.7, sft
+    after = model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # It saves and loads like any Hugging Face model.
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    outs = generate(loaded, tok, [ROWS[0]["prompt"]], GenerationParams(attempts=2, max_new_tokens=24))
+    assert len(outs) == 1 and len(outs[0]) == 2 and all(isinstance(t, str) for t in outs[0])
+
+
+def test_lora_on_a_local_pretrained_base(tmp_path):
+    """The pretrained path: a local directory (made here, as no hub is reachable), LoRA adapters."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    scratch = _params(tmp_path)
+    tokenizer = train_sft.make_tokenizer(scratch, [r["text"] for r in CORPUS])
+    base_dir = tmp_path / "base"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=128,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)).save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    p = _params(tmp_path, base_model=str(base_dir), sft_steps=20)
+    model, tok, history = train_sft.train(p, ROWS, CORPUS, progress=False)
+    assert [ph for ph, _, _ in history if ph == "pretrain"] == []  # no corpus pre-training for a pretrained base
+    trainable = [n for n, t in model.named_parameters() if t.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    sft = [loss for phase, _, loss in history if phase == "sft"]
+    assert sft[-1] < sft[0]
+
+
+def test_missing_base_model_directory_is_rejected(tmp_path):
+    with pytest.raises(ParamsError, match="not a local directory"):
+        _params(tmp_path, base_model=str(tmp_path / "nope"))
+
+
+def test_clean_stops_at_blank_line():
+    assert clean("B x\nL b0 2\n\ngarbage") == "B x\nL b0 2"
