@@ -23,10 +23,10 @@ repro: setup
 	dvc repro
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 
 test-all: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not gpu"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not gpu"
 
 clean-data:
 	rm -rf data/search

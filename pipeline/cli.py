@@ -63,6 +63,13 @@ def _sft(args) -> int:
     return 0
 
 
+def _bench_records(args) -> int:
+    from pipeline import bench_records
+
+    result = bench_records.main(args.records)
+    return 0 if result["within_limit"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="little-dragon", description=__doc__.split("\n")[0])
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
@@ -86,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sft", help="stage 4: supervised fine-tuning (from scratch, or LoRA on a local base)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_sft)
+
+    p = sub.add_parser("bench-records", help="benchmark: memory of building examples from 1M records")
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.set_defaults(func=_bench_records)
 
     p = sub.add_parser("codec-report", help="measure the script language's compactness")
     p.set_defaults(func=_codec_report)

@@ -85,6 +85,10 @@ def summarize(rows: list[dict], vocab_size: int) -> dict:
                           "chars_ratio_to_python": statistics.mean(len(r["script"]) for r in sel)
                           / statistics.mean(len(r["python"]) for r in sel)}
     out["by_target"] = by_target
+    plain = [r for r in rows if not r["generic_lines"]]
+    if plain:
+        out["chars_ratio_to_python_without_generic_lines"] = (
+            statistics.mean(len(r["script"]) for r in plain) / statistics.mean(len(r["python"]) for r in plain))
     return out
 
 

@@ -76,6 +76,25 @@ def assign_splits(workload_ids: list[str], val_fraction: float, test_fraction: f
     return {w: ("test" if i < n_test else "val" if i < n_test + n_val else "train") for i, w in enumerate(order)}
 
 
+def sample_pairs(latencies: list[float], min_speedup: float, limit: int, rng: random.Random) -> list[tuple[int, int]]:
+    """Up to `limit` (slower, faster) index pairs with latency ratio >= min_speedup, uniformly
+    from all qualifying pairs. Enumerates when n^2 is small; otherwise samples by rejection so
+    memory stays O(limit) even for a workload with 10^5 candidates."""
+    n = len(latencies)
+    if n * n <= 250_000:
+        pairs = [(i, j) for i in range(n) for j in range(n) if latencies[i] >= min_speedup * latencies[j]]
+        rng.shuffle(pairs)
+        return pairs[:limit]
+    chosen: set[tuple[int, int]] = set()
+    for _ in range(limit * 50):
+        if len(chosen) >= limit:
+            break
+        i, j = rng.randrange(n), rng.randrange(n)
+        if latencies[i] >= min_speedup * latencies[j]:
+            chosen.add((i, j))
+    return sorted(chosen, key=lambda _: rng.random())
+
+
 def _load_workloads(search_dir: str) -> dict[str, dict]:
     """hash -> workload entry (spec, target, baseline latency)."""
     out = {}
@@ -133,10 +152,7 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
                  "completion": script(ref), "latency_s": ref.latency_s, "source_latency_s": None,
                  "speedup_vs_source": None,
                  "speedup_vs_baseline": baseline / ref.latency_s if baseline else None})
-        pairs = [(i, j) for i in range(len(cands)) for j in range(len(cands))
-                 if cands[i].latency_s >= p.min_speedup * cands[j].latency_s]
-        rng.shuffle(pairs)
-        for i, j in pairs[: p.max_pairs_per_workload]:
+        for i, j in sample_pairs([c.latency_s for c in cands], p.min_speedup, p.max_pairs_per_workload, rng):
             src, dst = cands[i], cands[j]
             src_script = script(src)
             if src_script is None:

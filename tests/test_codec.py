@@ -25,17 +25,6 @@ def _sample_traces(target, families, workloads_per_family, samples, seed=0):
     return out
 
 
-@pytest.fixture(scope="session")
-def cpu_traces(cpu_target):
-    return _sample_traces(cpu_target, sorted(FAMILIES), 5, 8)
-
-
-@pytest.fixture(scope="session")
-def cuda_traces(cuda_target):
-    # More workloads than on the CPU: VerifyGPUCode rejects a share of CUDA samples.
-    return _sample_traces(cuda_target, sorted(FAMILIES), 7, 8)
-
-
 def _assert_round_trips(traces, target):
     families = set()
     for spec, mod, trace in traces:
@@ -45,27 +34,6 @@ def _assert_round_trips(traces, target):
         assert back.as_python() == trace.as_python(), spec.id
         families.add(spec.family)
     return families
-
-
-@pytest.mark.xdist_group(name="cpu")
-def test_round_trip_cpu_traces(cpu_traces, cpu_target):
-    families = _assert_round_trips(cpu_traces, cpu_target)
-    assert len(cpu_traces) >= 600 and len(families) >= 12  # with CUDA's >= 400: >= 1000 traces
-
-
-@pytest.mark.xdist_group(name="cuda")
-def test_round_trip_cuda_traces(cuda_traces, cuda_target):
-    families = _assert_round_trips(cuda_traces, cuda_target)
-    assert len(cuda_traces) >= 400 and len(families) >= 12  # with the CPU's >= 600: >= 1000 traces
-
-
-@pytest.mark.xdist_group(name="cpu")
-def test_postprocessing_is_derived_not_written(cpu_traces, cpu_target):
-    spec, mod, trace = cpu_traces[0]
-    text = encode(mod, trace, cpu_target)
-    assert "EnterPostproc" in str(trace) or "enter_postproc" in "\n".join(trace.as_python())
-    assert "POST" not in text.split("\n")
-    assert len(text) < 0.25 * len("\n".join(trace.as_python()))
 
 
 def _build(mod, trace, target):
@@ -94,20 +62,27 @@ def _builds_of_decoded(traces, target, per_family_limit):
     return built
 
 
-@pytest.mark.xdist_group(name="cpu")
-def test_decoded_cpu_scripts_build(cpu_traces, cpu_target):
-    built = _builds_of_decoded(cpu_traces, cpu_target, len(FAMILIES))
-    assert len(built) >= 12
-    assert all(ex.mod is not None for ex in built.values())
+# One test per target: sampling >1,000 traces is the expensive part, done once each.
+# Together: >= 600 CPU + >= 400 CUDA traces, i.e. more than 1,000.
+
+def test_cpu_traces_round_trip_exactly_and_build(cpu_target):
+    traces = _sample_traces(cpu_target, sorted(FAMILIES), 5, 8)
+    families = _assert_round_trips(traces, cpu_target)
+    assert len(traces) >= 600 and len(families) >= 12
+    built = _builds_of_decoded(traces, cpu_target, len(FAMILIES))
+    assert len(built) >= 12 and all(ex.mod is not None for ex in built.values())
 
 
-@pytest.mark.xdist_group(name="cuda")
-def test_decoded_cuda_scripts_compile_with_nvcc(cuda_traces, cuda_target):
+def test_cuda_traces_round_trip_exactly_and_compile_with_nvcc(cuda_target):
     """On a machine without a GPU tvm.compile keeps CUDA source uncompiled (GPU.md), so the
     source is compiled for real with nvcc for the H100/H200 architecture."""
     from pipeline.tvm_env import tvm
 
-    built = _builds_of_decoded(cuda_traces, cuda_target, 6)
+    # More workloads than on the CPU: VerifyGPUCode rejects a share of CUDA samples.
+    traces = _sample_traces(cuda_target, sorted(FAMILIES), 7, 8)
+    families = _assert_round_trips(traces, cuda_target)
+    assert len(traces) >= 400 and len(families) >= 12
+    built = _builds_of_decoded(traces, cuda_target, 6)
     assert len(built) >= 6
     for family, executable in built.items():
         source = executable.mod.imports[0].inspect_source()
@@ -116,17 +91,23 @@ def test_decoded_cuda_scripts_compile_with_nvcc(cuda_traces, cuda_target):
         assert len(cubin) > 1000, family
 
 
-@pytest.mark.xdist_group(name="cpu")
-def test_explicit_postproc_when_not_derivable(cpu_traces, cpu_target):
+def test_postprocessing_is_derived_not_written(matmul_mod, cpu_target):
+    trace = sample_many(matmul_mod, cpu_target, 1, seed=7)[0].trace
+    text = encode(matmul_mod, trace, cpu_target)
+    assert "sch.enter_postproc()" in "\n".join(trace.as_python())
+    assert "POST" not in text.split("\n")
+    assert len(text) < 0.25 * len("\n".join(trace.as_python()))
+
+
+def test_explicit_postproc_when_not_derivable(matmul_mod, cpu_target):
     """A trace whose postprocessing section differs from what the postprocessors derive
     is still encoded exactly: the section is written after POST."""
-    spec, mod, trace = cpu_traces[0]
-    insts, decisions = trace_to_json(trace)
+    insts, decisions = trace_to_json(sample_many(matmul_mod, cpu_target, 1, seed=8)[0].trace)
     # Drop the last postprocessing instruction: no longer what the postprocessors produce.
     truncated = [insts[:-1], [d for d in decisions if d[0] < len(insts) - 1]]
-    text = codec.encode_json(mod, truncated, cpu_target)
+    text = codec.encode_json(matmul_mod, truncated, cpu_target)
     assert "POST" in text.split("\n")
-    assert trace_to_json(decode(mod, text, cpu_target)) == truncated
+    assert trace_to_json(decode(matmul_mod, text, cpu_target)) == truncated
 
 
 # --------------------------------------------------------------------------- malformed input

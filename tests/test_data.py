@@ -6,7 +6,6 @@ import shutil
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.xdist_group(name="data")  # share the module's search run on one worker
 
 from pipeline import dataset, validate
 from pipeline.params import from_dict
@@ -108,3 +107,25 @@ def test_too_few_examples_fail(examples, search_dir, tmp_path):
     df = validate.add_derived_columns(_frame(rows), TARGET)
     bad = _validate(df, tmp_path, min_examples=10**6)
     assert any("expect_table_row_count_to_be_between" in line for line in bad)
+
+
+def test_sample_pairs_exact_and_bounded():
+    import random
+
+    lat = [1.0, 2.0, 1.02, 4.0]
+    pairs = dataset.sample_pairs(lat, 1.05, 100, random.Random(0))
+    assert sorted(pairs) == sorted((i, j) for i in range(4) for j in range(4) if lat[i] >= 1.05 * lat[j])
+    gen = random.Random(1)
+    big = [gen.random() + 0.01 for _ in range(5000)]
+    sampled = dataset.sample_pairs(big, 1.05, 300, random.Random(0))
+    assert len(sampled) == 300 and len(set(sampled)) == 300
+    assert all(big[i] >= 1.05 * big[j] for i, j in sampled)
+
+
+def test_streaming_benchmark_on_synthetic_records():
+    from pipeline import bench_records
+
+    result = bench_records.run(20_000)
+    assert result["records"] == 20_000
+    assert 0.9 * 20_000 < result["valid_records"] < 20_000  # ~5% are failed candidates
+    assert result["pairs_sampled"] > 0

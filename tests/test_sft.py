@@ -7,8 +7,6 @@ from pipeline import train_sft
 from pipeline.generate import GenerationParams, clean, generate
 from pipeline.params import ParamsError, from_dict
 
-pytestmark = pytest.mark.xdist_group(name="sft")
-
 ROWS = [{"prompt": f"target: llvm\nargs: A f32[{n},64]\n### script\n",
          "completion": f"B matmul\nL b0 3\nT l1 1,{n}\nS l1 v4-5"} for n in (2, 4, 8, 16)] * 8
 CORPUS = [{"text": r["prompt"] + r["completion"]} for r in ROWS]

@@ -6,8 +6,6 @@ from pipeline.codec import encode
 from pipeline.space import sample_many
 from pipeline.verify import Checker, check_in_process
 
-pytestmark = pytest.mark.xdist_group(name="verify")
-
 
 def test_correct_script_passes_numerics_and_is_timed(matmul_mod, cpu_target):
     text = encode(matmul_mod, sample_many(matmul_mod, cpu_target, 1, seed=2)[0].trace, cpu_target)
