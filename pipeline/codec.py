@@ -167,6 +167,147 @@ def _uniform(n: int) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------
+# Index maps (TransformLayout / TransformBlockLayout, CUDA tensor-core sketches). The trace
+# carries them as TVM JSON graphs (~2 kB each); here they are written as a compact string
+# `@i0,i1>((i0//16)//(v28*v29)),...` (`@@` when the trace stored the graph indented).
+# Free variables (v28) are the trace's own sampled values. Encoding is kept only when the
+# expansion reproduces the stored JSON byte for byte.
+# ---------------------------------------------------------------------------------------
+_IM_OPS = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//", "FloorMod": "%"}
+_IM_TOKEN = re.compile(r"\s*(//|[()+\-*%,]|#\d+|[A-Za-z_][A-Za-z0-9_]*(?::[a-z0-9]+)?|\d+(?::[a-z0-9]+)?)")
+
+
+def _im_atom(name: str, dtype: str) -> str:
+    return name if dtype == "int32" else f"{name}:{dtype}"
+
+
+def _im_expr(e, seen: list) -> str:
+    """Post-order print; a node object met again (TVM shares some subexpressions, and the
+    JSON graph keeps that sharing) is written `#k`, k its post-order number."""
+    kind = type(e).__name__
+    if kind == "Var":
+        return _im_atom(e.name, str(e.ty))
+    for k, other in enumerate(seen):
+        if e.same_as(other):
+            return f"#{k}"
+    if kind == "IntImm":
+        text = _im_atom(str(int(e.value)), str(e.ty))
+    elif kind in _IM_OPS:
+        text = f"({_im_expr(e.a, seen)}{_IM_OPS[kind]}{_im_expr(e.b, seen)})"
+    else:
+        raise _NoShortForm
+    seen.append(e)
+    return text
+
+
+def compact_index_map(graph: str) -> str:
+    """TVM JSON graph of an IndexMap -> compact text; raises _NoShortForm if not exact."""
+    try:
+        im = tvm.ir.load_json(graph)
+    except TVM_ERRORS:
+        raise _NoShortForm from None
+    if type(im).__name__ != "IndexMap" or im.inverse_index_map is not None:
+        raise _NoShortForm
+    seen: list = []
+    text = ("@@" if "\n" in graph else "@") + ",".join(_im_expr(v, seen) for v in im.initial_indices) + ">" + \
+        ",".join(_im_expr(e, seen) for e in im.final_indices)
+    if expand_index_map(text) != graph:
+        raise _NoShortForm
+    return text
+
+
+def expand_index_map(text: str) -> str:
+    """Compact text -> the exact TVM JSON graph string."""
+    indented = text.startswith("@@")
+    body = text[2:] if indented else text[1:]
+    if ">" not in body:
+        raise _Bad("syntax", "an index map is @inputs>outputs")
+    head, tail = body.split(">", 1)
+    variables: dict[str, object] = {}
+    nodes: list = []  # post-order, as the printer numbered them
+
+    def var(tok: str):
+        name, _, dtype = tok.partition(":")
+        if name not in variables:
+            variables[name] = tvm.tirx.Var(name, dtype or "int32")
+        return variables[name]
+
+    def parse_list(src: str) -> list:
+        toks = [t for t in _IM_TOKEN.findall(src)]
+        if "".join(toks) != src.replace(" ", ""):
+            raise _Bad("syntax", f"bad index map {src!r}")
+        pos = [0]
+
+        def expr():
+            if pos[0] >= len(toks):
+                raise _Bad("syntax", "truncated index map")
+            tok = toks[pos[0]]
+            pos[0] += 1
+            if tok == "(":
+                a = expr()
+                op = toks[pos[0]] if pos[0] < len(toks) else ""
+                pos[0] += 1
+                b = expr()
+                if pos[0] >= len(toks) or toks[pos[0]] != ")":
+                    raise _Bad("syntax", "unbalanced index map")
+                pos[0] += 1
+                ctor = {v: k for k, v in _IM_OPS.items()}.get(op)
+                if ctor is None:
+                    raise _Bad("syntax", f"unknown index map operator {op!r}")
+                nodes.append(getattr(tvm.tirx, ctor)(a, b))
+                return nodes[-1]
+            if tok[0] == "#":
+                k = int(tok[1:])
+                if k >= len(nodes):
+                    raise _Bad("syntax", f"index map reference {tok} to a node not yet written")
+                return nodes[k]
+            if tok[0].isdigit():
+                value, _, dtype = tok.partition(":")
+                nodes.append(tvm.tirx.IntImm(dtype or "int32", int(value)))
+                return nodes[-1]
+            if tok[0].isalpha() or tok[0] == "_":
+                return var(tok)
+            raise _Bad("syntax", f"unexpected {tok!r} in index map")
+
+        out = []
+        while pos[0] < len(toks):
+            out.append(expr())
+            if pos[0] < len(toks):
+                if toks[pos[0]] != ",":
+                    raise _Bad("syntax", "index map items are separated by commas")
+                pos[0] += 1
+        return out
+
+    try:
+        initial = parse_list(head)
+        final = parse_list(tail)
+        graph = tvm.ir.save_json(tvm.tirx.IndexMap(initial, final, None))
+    except TVM_ERRORS as err:
+        raise _Bad("syntax", f"bad index map: {str(err).strip().splitlines()[-1][:200]}") from None
+    return json.dumps(json.loads(graph), indent=2) if indented else graph
+
+
+def _compact_strings(value):
+    """Generic-form arguments with index maps written compactly (exactly reversible)."""
+    if isinstance(value, list):
+        return [_compact_strings(v) for v in value]
+    if isinstance(value, str) and value.startswith("{") and "tirx.IndexMap" in value:
+        try:
+            return compact_index_map(value)
+        except _NoShortForm:
+            return value
+    return value
+
+
+def _expand_strings(value):
+    if isinstance(value, list):
+        return [_expand_strings(v) for v in value]
+    if isinstance(value, str) and value.startswith("@"):
+        return expand_index_map(value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------
 # Values <-> tokens
 # ---------------------------------------------------------------------------------------
 
@@ -287,7 +428,17 @@ def _encode_inst(inst: list, decision) -> str:
                 return line
         except (_NoShortForm, _Bad):
             pass
-    return "!" + kind + " " + json.dumps([inputs, attrs, outputs, decision], separators=(",", ":"))
+    generic = "!" + kind + " " + json.dumps([inputs, attrs, outputs, decision], separators=(",", ":"))
+    compact = "!" + kind + " " + json.dumps(
+        [_compact_strings(inputs), _compact_strings(attrs), outputs, decision], separators=(",", ":"))
+    if compact != generic:
+        try:
+            body = json.loads(compact[len(kind) + 2:])
+            if [_expand_strings(body[0]), _expand_strings(body[1])] == [inputs, attrs]:
+                return compact
+        except _Bad:
+            pass
+    return generic
 
 
 def _encode_short(form: Form, inputs, attrs, outputs, decision) -> str:
@@ -604,6 +755,7 @@ def _parse_generic(kind: str, rest: str, env: _Env):
             and isinstance(body[1], list) and isinstance(body[2], list)):
         raise _Bad("arity", "generic form is [inputs, attrs, outputs, decision]")
     inputs, attrs, outputs, decision = body
+    inputs, attrs = _expand_strings(inputs), _expand_strings(attrs)
     _check_refs(inputs, env, quoted_ok=True)
     expected_numbers = list(range(env.count, env.count + len(outputs)))
     for name, number in zip(outputs, expected_numbers):

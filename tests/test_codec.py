@@ -134,6 +134,9 @@ def _valid_script(mod, target):
     ("B nosuchblock", "schedule"),
     ("B matmul\nL b0 3\nF l3,l1", "schedule"),
     ("!Split [1,2]", "arity"),
+    ('B matmul\n!TransformLayout [["b0","@v_i,v_j>(v_i//"],[0,0,null,1],[],null]', "syntax"),
+    ('B matmul\n!TransformLayout [["b0","@v_i,v_j>#3"],[0,0,null,1],[],null]', "syntax"),
+    ('B matmul\n!TransformLayout [["b0","@v_i,v_j"],[0,0,null,1],[],null]', "syntax"),
     ("!Split {not json", "syntax"),
 ])
 def test_malformed_scripts_raise_decode_error(matmul_mod, cpu_target, text, category):
@@ -195,6 +198,22 @@ def test_mutated_scripts_only_raise_decode_error(matmul_mod, cpu_target):
         except DecodeError as err:
             outcomes.add(err.category)
     assert len(outcomes - {"ok"}) >= 3  # several distinct failure categories were exercised
+
+
+def test_index_maps_are_compact_and_exact():
+    """Tensor-core layouts: the IndexMap JSON graph (~2 kB) becomes a short expression, with
+    TVM's sharing of subexpressions kept (#k), and expands back byte for byte."""
+    from pipeline.tvm_env import tvm
+
+    i0, i1 = tvm.tirx.Var("i0", "int32"), tvm.tirx.Var("i1", "int32")
+    v = tvm.tirx.Var("v28", "int32")
+    d = tvm.tirx.FloorDiv(i0, tvm.tirx.IntImm("int32", 16))
+    im = tvm.tirx.IndexMap([i0, i1], [tvm.tirx.FloorDiv(d, v), tvm.tirx.FloorMod(d, v), i1], None)
+    graph = tvm.ir.save_json(im)
+    text = codec.compact_index_map(graph)
+    assert text == "@i0,i1>((i0//16)//v28),(#1%v28),i1"
+    assert codec.expand_index_map(text) == graph
+    assert len(text) < len(graph) / 10
 
 
 def test_decode_error_stage_mapping():
