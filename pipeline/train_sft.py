@@ -159,19 +159,23 @@ def per_attempt_correctness(model, tokenizer, rows: list[dict], specs: dict[str,
     """ANCHORS.md's per-attempt correctness, with the failure breakdown by stage."""
     from tqdm import tqdm
 
-    from pipeline.generate import GenerationParams, generate
+    from pipeline.generate import GenerationParams, generate, generate_constrained
+    from pipeline.tvm_env import make_target
     from pipeline.verify import STAGES, Checker
     from pipeline.workloads import Spec, build
 
     g = P.from_dict(GenerationParams, p.generation, "sft.generation")
     checker = Checker(timeout_s=p.check_timeout_s)
+    target = make_target(target_spec)
     result = {}
     for task, chosen in eval_prompts(rows, p.eval_prompts, p.seed).items():
         counts = {s: 0 for s in STAGES}
         samples = []
         for r in tqdm(chosen, desc=f"eval {task}", disable=not progress):
             mod = build(Spec.from_json(specs[r["workload"]]))
-            for text in generate(model, tokenizer, [r["prompt"]], g, seed=p.seed)[0]:
+            scripts = (generate_constrained(model, tokenizer, r["prompt"], g, mod, target, seed=p.seed)
+                       if g.constrained else generate(model, tokenizer, [r["prompt"]], g, seed=p.seed)[0])
+            for text in scripts:
                 outcome = checker.check(mod, text, target_spec)
                 counts[outcome.stage] += 1
                 if len(samples) < 3:

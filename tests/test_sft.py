@@ -66,5 +66,20 @@ def test_missing_base_model_directory_is_rejected(tmp_path):
         _params(tmp_path, base_model=str(tmp_path / "nope"))
 
 
+def test_constrained_generation_only_emits_valid_scripts(tmp_path, matmul_mod, cpu_target):
+    """Whatever a barely trained model samples, every kept line leaves a script that decodes."""
+    from pipeline.codec import decode
+    from pipeline.generate import generate_constrained
+
+    p = _params(tmp_path, sft_steps=10, pretrain_steps=0)
+    model, tok, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
+    scripts = generate_constrained(model, tok, ROWS[0]["prompt"], GenerationParams(attempts=2, max_new_tokens=60),
+                                   matmul_mod, cpu_target, retries=3)
+    assert len(scripts) == 2
+    for text in scripts:
+        if text:
+            decode(matmul_mod, text, cpu_target)  # raises DecodeError if a line were invalid
+
+
 def test_clean_stops_at_blank_line():
     assert clean("B x\nL b0 2\n\ngarbage") == "B x\nL b0 2"
