@@ -796,9 +796,6 @@ def _first_line(err: Exception) -> str:
 def decode(mod: "tvm.IRModule", text: str, target: "tvm.target.Target") -> Trace:
     """The exact trace a script stands for (postprocessing included), applied to `mod`."""
     insts, decisions, mode, lines = parse(text)
-    sketch = insts
-    if mode == "explicit":
-        sketch = insts[: next(i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc")]
     try:
         first = _apply_json(mod, insts, decisions)
     except TVM_ERRORS:

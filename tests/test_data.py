@@ -1,11 +1,7 @@
 """Training data: examples from a real (tiny) search, splits, corpus, and GX validation."""
 
-import json
-import shutil
-
 import pandas as pd
 import pytest
-
 
 from pipeline import dataset, validate
 from pipeline.params import from_dict
