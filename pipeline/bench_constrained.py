@@ -18,7 +18,7 @@ import yaml
 def run(params_path: str, n_prompts: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline import io, params as P, train_sft
+    from pipeline import io, params as P, records, train_sft
     from pipeline.generate import GenerationParams, generate, generate_constrained
     from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
@@ -29,9 +29,7 @@ def run(params_path: str, n_prompts: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(p.output_dir)
     tok = AutoTokenizer.from_pretrained(p.output_dir)
     val = list(io.read_jsonl(Path(p.dataset_dir) / "val.jsonl"))
-    specs = {}
-    for shard in sorted(Path(raw["data"]["search_dir"]).glob("shard-*")):
-        specs.update({w["id"]: w for w in json.loads((shard / "workloads.json").read_text())})
+    specs = records.workload_entries(raw["data"]["search_dir"])
     target_spec = raw["search"]["target"]
     target = make_target(target_spec)
     g = P.from_dict(GenerationParams, p.generation, "sft.generation")

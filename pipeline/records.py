@@ -28,6 +28,14 @@ def shard_dirs(search_dir: Path | str) -> list[Path]:
     return sorted(p for p in Path(search_dir).glob("shard-*") if p.is_dir())
 
 
+def workload_entries(search_dir: Path | str) -> dict[str, dict]:
+    """Workload id -> its entry in the shards' `workloads.json` (spec, hash, target)."""
+    out: dict[str, dict] = {}
+    for shard in shard_dirs(search_dir):
+        out.update({w["id"]: w for w in json.loads((shard / "workloads.json").read_text())})
+    return out
+
+
 def workload_hashes(shard: Path) -> list[str]:
     """Workload index -> structural hash, as the shard's database numbers them."""
     path = shard / "database_workload.json"

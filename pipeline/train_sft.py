@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import io, params as P
+from pipeline import io, params as P, records
 
 SCRATCH_NOTE = "from scratch"
 
@@ -241,9 +241,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    specs = {}
-    for shard in sorted(Path(raw["data"]["search_dir"]).glob("shard-*")):
-        specs.update({w["id"]: w for w in json.loads((shard / "workloads.json").read_text())})
+    specs = records.workload_entries(raw["data"]["search_dir"])
     evaluation = per_attempt_correctness(model, tokenizer, val_rows, specs, raw["search"]["target"], p, progress)
     n_params = sum(t.numel() for t in model.parameters())
     report = {"model": p.base_model or SCRATCH_NOTE, "parameters": n_params, "train_seconds": round(train_s, 1),

@@ -13,7 +13,6 @@ codec, a workload in one split only) are computed into columns first, then expec
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import codec, io, params as P
+from pipeline import codec, io, params as P, records
 from pipeline.tvm_env import make_target
 from pipeline.workloads import Spec, build
 
@@ -59,7 +58,7 @@ def load_examples(dataset_dir: str):
     return pd.concat(frames, ignore_index=True)
 
 
-def add_derived_columns(df, target_spec, roundtrip_sample: int = 0):
+def add_derived_columns(df, target_spec, specs: dict[str, dict], roundtrip_sample: int = 0):
     """`roundtrip_ok`: the completion (and a refinement prompt's script) decodes to a trace
     that encodes back to the same text; `splits_of_workload`: in how many splits it appears."""
     df = df.copy()
@@ -74,24 +73,10 @@ def add_derived_columns(df, target_spec, roundtrip_sample: int = 0):
             ok.append(True)
             continue
         if row["workload"] not in mods:
-            mods[row["workload"]] = build(Spec.from_json(_spec_of(row)))
+            mods[row["workload"]] = build(Spec.from_json(specs[row["workload"]]))
         ok.append(_round_trips(mods[row["workload"]], row["completion"], target))
     df["roundtrip_ok"] = ok
     return df
-
-
-def _spec_of(row) -> dict:
-    # Workload ids are family-digest; the spec itself travels in the search shard files.
-    return _SPECS[row["workload"]]
-
-
-_SPECS: dict[str, dict] = {}
-
-
-def _load_specs(search_dir: str) -> None:
-    for shard in sorted(Path(search_dir).glob("shard-*")):
-        for w in json.loads((shard / "workloads.json").read_text()):
-            _SPECS[w["id"]] = w
 
 
 def _round_trips(mod, text, target) -> bool:
@@ -185,8 +170,8 @@ def failures(described: dict) -> list[str]:
 def main(params_path: str = "params.yaml") -> dict:
     p = P.load("validate", ValidateParams, params_path)
     raw = yaml.safe_load(Path(params_path).read_text())
-    _load_specs(raw["data"]["search_dir"])
-    df = add_derived_columns(load_examples(p.dataset_dir), raw["search"]["target"], p.roundtrip_sample)
+    specs = records.workload_entries(raw["data"]["search_dir"])
+    df = add_derived_columns(load_examples(p.dataset_dir), raw["search"]["target"], specs, p.roundtrip_sample)
     described = run_validation(df, p, float(raw["data"]["min_speedup"]))
     bad = failures(described)
     report = {"success": not bad, "examples": len(df), "failed_expectations": bad,

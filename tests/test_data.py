@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from pipeline import dataset, validate
+from pipeline import dataset, records, validate
 from pipeline.params import from_dict
 from pipeline.search import SearchParams, run_search
 
@@ -76,8 +76,7 @@ def _validate(df, tmp_path, min_examples=1):
 
 def test_validation_passes_on_good_data(examples, search_dir, tmp_path):
     _, rows, _ = examples
-    validate._load_specs(str(search_dir))
-    df = validate.add_derived_columns(_frame(rows), TARGET)
+    df = validate.add_derived_columns(_frame(rows), TARGET, records.workload_entries(search_dir))
     assert _validate(df, tmp_path) == []
     assert (tmp_path / "docs" / "index.html").exists()
 
@@ -91,16 +90,14 @@ def test_validation_passes_on_good_data(examples, search_dir, tmp_path):
 ])
 def test_corrupted_data_fails_and_names_the_expectation(examples, search_dir, tmp_path, corrupt, expected):
     _, rows, _ = examples
-    validate._load_specs(str(search_dir))
-    df = validate.add_derived_columns(corrupt(_frame(rows)), TARGET)
+    df = validate.add_derived_columns(corrupt(_frame(rows)), TARGET, records.workload_entries(search_dir))
     bad = _validate(df, tmp_path)
     assert any(expected in line for line in bad), bad
 
 
 def test_too_few_examples_fail(examples, search_dir, tmp_path):
     _, rows, _ = examples
-    validate._load_specs(str(search_dir))
-    df = validate.add_derived_columns(_frame(rows), TARGET)
+    df = validate.add_derived_columns(_frame(rows), TARGET, records.workload_entries(search_dir))
     bad = _validate(df, tmp_path, min_examples=10**6)
     assert any("expect_table_row_count_to_be_between" in line for line in bad)
 
