@@ -428,17 +428,9 @@ def _encode_inst(inst: list, decision) -> str:
                 return line
         except (_NoShortForm, _Bad):
             pass
-    generic = "!" + kind + " " + json.dumps([inputs, attrs, outputs, decision], separators=(",", ":"))
-    compact = "!" + kind + " " + json.dumps(
+    # compact_index_map keeps a compact form only if it expands to the same JSON exactly.
+    return "!" + kind + " " + json.dumps(
         [_compact_strings(inputs), _compact_strings(attrs), outputs, decision], separators=(",", ":"))
-    if compact != generic:
-        try:
-            body = json.loads(compact[len(kind) + 2:])
-            if [_expand_strings(body[0]), _expand_strings(body[1])] == [inputs, attrs]:
-                return compact
-        except _Bad:
-            pass
-    return generic
 
 
 def _encode_short(form: Form, inputs, attrs, outputs, decision) -> str:

@@ -240,8 +240,9 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     # The corpus is sampled for the search stage's target (one source of truth for it).
     target_spec = yaml.safe_load(Path(params_path).read_text())["search"]["target"]
     rows, stats = build_examples(p, progress)
-    eval_hashes = {structural_hash(build(Spec.from_json(w))) for w in _load_workloads(p.search_dir).values()
-                   if any(r["workload"] == w["id"] and r["split"] != "train" for r in rows)}
+    # The search shards already record each workload's structural hash.
+    eval_ids = {r["workload"] for r in rows if r["split"] != "train"}
+    eval_hashes = {h for h, w in _load_workloads(p.search_dir).items() if w["id"] in eval_ids}
     corpus = build_corpus(p, eval_hashes, target_spec, progress)
     out = Path(p.output_dir)
     for split in ("train", "val", "test"):

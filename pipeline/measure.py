@@ -8,7 +8,6 @@ The baseline a speedup is measured against (ANCHORS.md, metric "Speedup"):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,10 +100,3 @@ def measure_baseline(mod, target, number: int = 3, repeat: int = 5, min_repeat_m
 def _short(err: Exception) -> str:
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return (lines[-1] if lines else type(err).__name__)[:500]
-
-
-def wall(fn, *args, **kwargs):
-    """(result, seconds)"""
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

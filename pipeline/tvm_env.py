@@ -33,11 +33,9 @@ from tvm import te  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir import Schedule, Trace  # noqa: E402
 
-__all__ = ["tvm", "te", "ms", "Schedule", "Trace", "make_target", "trace_json", "worker_init",
+__all__ = ["tvm", "te", "ms", "Schedule", "Trace", "make_target", "worker_init",
            "structural_hash", "TargetError", "TVM_ERRORS", "target_key"]
 
-_stringify = tvm.get_global_func("ffi.json.Stringify")
-_trace_as_json = tvm.get_global_func("s_tir.schedule.TraceAsJSON")
 
 
 # What TVM raises through its FFI: tvm.error.InternalError and ScheduleError are RuntimeErrors;
@@ -69,15 +67,6 @@ def make_target(spec: str | dict) -> "tvm.target.Target":
 def target_key(target: "tvm.target.Target") -> str:
     """A stable string for a target, usable as a cache or file key."""
     return json.dumps(target.export(), sort_keys=True, default=str)
-
-
-def trace_json(trace: "Trace", remove_postproc: bool = False) -> str:
-    """The canonical JSON text of a trace, as MetaSchedule's JSONDatabase writes it.
-
-    `Trace.as_json()` returns TVM IntImm/FloatImm objects, whose `==` builds an expression
-    instead of comparing; this text is what "exactly the same trace" is checked on.
-    """
-    return _stringify(_trace_as_json(trace, remove_postproc), None)
 
 
 def structural_hash(mod: "tvm.IRModule") -> str:
