@@ -5,6 +5,7 @@
     little-dragon data                   stage 2: training examples + pre-training corpus
     little-dragon validate               stage 3: Great Expectations validation (fails the pipeline)
     little-dragon sft                    stage 4: SFT (TRL; LoRA through PEFT for a pretrained base)
+    little-dragon rl                     stage 5: RL with the shaped, measured reward (TRL GRPO)
     little-dragon codec-report           compactness of the script language
 
 Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
@@ -63,6 +64,13 @@ def _sft(args) -> int:
     return 0
 
 
+def _rl(args) -> int:
+    from pipeline import train_rl
+
+    train_rl.main(args.params, progress=not args.quiet)
+    return 0
+
+
 def _bench_records(args) -> int:
     from pipeline import bench_records
 
@@ -93,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sft", help="stage 4: supervised fine-tuning (from scratch, or LoRA on a local base)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_sft)
+
+    p = sub.add_parser("rl", help="stage 5: GRPO from models/sft with the measured reward")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_rl)
 
     p = sub.add_parser("bench-records", help="benchmark: memory of building examples from 1M records")
     p.add_argument("--records", type=int, default=1_000_000)

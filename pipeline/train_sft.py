@@ -14,14 +14,12 @@ Writes `models/sft/` (model + tokenizer, `from_pretrained`-loadable), `reports/s
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import io, params as P, records
+from pipeline import io, params as P, records, tracking
 
 SCRATCH_NOTE = "from scratch"
 
@@ -209,22 +207,6 @@ def _plot(history, path: str) -> None:
     plt.close(fig)
 
 
-def log_to_mlflow(run_name: str, params: dict, metrics: dict, history, artifacts: list[str]) -> str | None:
-    import mlflow
-
-    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
-    mlflow.set_experiment("little-dragon")
-    with mlflow.start_run(run_name=run_name) as run:
-        mlflow.log_params({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in params.items()})
-        for i, (phase, step, loss) in enumerate(history):
-            mlflow.log_metric(f"{phase}_loss", loss, step=step)
-        mlflow.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-        for a in artifacts:
-            if Path(a).exists():
-                mlflow.log_artifact(a)
-        return run.info.run_id
-
-
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     import yaml
 
@@ -253,7 +235,8 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     metrics = {"construction_correctness": evaluation["construction"]["correctness"],
                "refinement_correctness": evaluation["refinement"]["correctness"],
                "train_seconds": train_s, "parameters": n_params}
-    report["mlflow_run_id"] = log_to_mlflow("sft", asdict(p), metrics, history, [p.report, plot])
+    curves = [(f"{phase}_loss", step, loss) for phase, step, loss in history]
+    report["mlflow_run_id"] = tracking.log_run("sft", asdict(p), metrics, curves, [p.report, plot])
     io.write_json(p.report, report)
     print(f"sft: {n_params/1e6:.1f}M parameters, {train_s:.0f} s training; per-attempt correctness on validation: "
           f"construction {evaluation['construction']['correctness']}, refinement {evaluation['refinement']['correctness']}"

@@ -1,8 +1,13 @@
 """Check a generated script end to end: decode -> apply -> postprocess -> build -> run ->
-compare with the unscheduled reference -> (optionally) time. Numerics before timing.
+compare with the reference -> (optionally) time. Numerics before timing.
 
-Every stage's failure is an outcome, never an exception. Build and run happen in a worker
-process with a timeout (TVM's PopenPoolExecutor), so a script that hangs or crashes the
+The reference is an unscheduled build of the same workload (on GPU targets, where an
+unscheduled kernel cannot run, the DLight default schedule: measure.baseline_module). Its
+outputs and latency are computed once per (workload, inputs seed) in each worker process and
+reused; the baseline latency is timed the same way as the script, in the same process.
+
+Every stage's failure is an outcome, never an exception. Build and run happen in worker
+processes with a timeout (TVM's PopenPoolExecutor), so a script that hangs or crashes the
 compiler costs only its own attempt; the worker is replaced.
 """
 
@@ -14,7 +19,7 @@ import numpy as np
 
 from pipeline import codec
 from pipeline.measure import TOLERANCES, baseline_module, build, device_available, random_inputs, run, time_executable
-from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, tvm, worker_init
+from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, structural_hash, tvm, worker_init
 
 STAGES = ("decode", "apply", "postproc", "build", "run", "numerics", "ok")
 
@@ -24,25 +29,48 @@ class Outcome:
     stage: str                     # the first stage that failed, or "ok"
     error: str | None = None
     latency_s: float | None = None
+    baseline_s: float | None = None  # the reference's latency, timed like the script (timed checks)
+    line: int = 0                  # for decode failures: the 1-based line of the first error
 
     @property
     def correct(self) -> bool:
         return self.stage == "ok"
+
+    @property
+    def speedup(self) -> float | None:
+        return self.baseline_s / self.latency_s if self.latency_s and self.baseline_s else None
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def _short(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    """The last informative line of a TVM error (not a caret or a bare location)."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if sum(c.isalpha() for c in ln) > 3]
     return (lines[-1] if lines else type(err).__name__)[:300]
+
+
+# (workload hash, target, seed) -> (reference outputs, reference latency or None). Per process.
+_REFERENCE: dict[tuple, tuple[list[np.ndarray], float | None]] = {}
+
+
+def reference(mod, target, seed: int = 0, timed: bool = False) -> tuple[list[np.ndarray], float | None]:
+    key = (structural_hash(mod), str(target), seed)
+    cached = _REFERENCE.get(key)
+    if cached is None or (timed and cached[1] is None):
+        inputs = random_inputs(mod, seed)
+        executable = build(baseline_module(mod, target), target)
+        outputs = run(executable, target, inputs)
+        latency = time_executable(executable, target, inputs) if timed else None
+        cached = _REFERENCE[key] = (outputs, latency)
+    return cached
 
 
 def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False) -> Outcome:
     try:
         trace = codec.decode(mod, text, target)
     except codec.DecodeError as err:
-        return Outcome(err.stage, str(err))
+        return Outcome(err.stage, str(err), line=err.line)
     sch = Schedule(mod, debug_mask=0)
     try:
         trace.apply_to_schedule(sch, remove_postproc=False)
@@ -54,17 +82,21 @@ def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False)
     inputs = random_inputs(mod, seed)
     try:
         outputs = run(executable, target, inputs)
-        reference = run(build(baseline_module(mod, target), target), target, inputs)
+        want_all, baseline_s = reference(mod, target, seed, timed)
     except TVM_ERRORS as err:
         return Outcome("run", _short(err))
     # The last argument is the output (TE create_prim_func order).
-    got, want = outputs[-1].astype("float64"), reference[-1].astype("float64")
+    got, want = outputs[-1].astype("float64"), want_all[-1].astype("float64")
     rtol, atol = TOLERANCES.get(str(outputs[-1].dtype), TOLERANCES["float32"])
     if not (np.isfinite(got).all() and np.allclose(got, want, rtol=rtol, atol=atol)):
         err = float(np.nanmax(np.abs(got - want))) if got.shape == want.shape else float("nan")
         return Outcome("numerics", f"max abs error {err:.3g} (rtol {rtol}, atol {atol})")
-    latency = time_executable(executable, target, inputs) if timed else None
-    return Outcome("ok", None, latency)
+    if not timed:
+        return Outcome("ok")
+    try:
+        return Outcome("ok", None, time_executable(executable, target, inputs), baseline_s)
+    except TVM_ERRORS as err:
+        return Outcome("run", _short(err))
 
 
 def _worker_check(mod_json: str, text: str, target_spec, seed: int, timed: bool) -> dict:
@@ -73,7 +105,8 @@ def _worker_check(mod_json: str, text: str, target_spec, seed: int, timed: bool)
 
 
 class Checker:
-    """Checks scripts in a worker process with a timeout per script."""
+    """Checks scripts in worker processes with a timeout per script; `check_many` checks a
+    batch in parallel (one build per worker at a time)."""
 
     def __init__(self, timeout_s: float = 60.0, workers: int = 1):
         from tvm.support.popen_pool import PopenPoolExecutor
@@ -81,11 +114,21 @@ class Checker:
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, initializer=worker_init)
 
-    def check(self, mod, text: str, target_spec, seed: int = 0, timed: bool = False) -> Outcome:
-        future = self.pool.submit(_worker_check, tvm.ir.save_json(mod), text, target_spec, seed, timed)
+    def _submit(self, mod_json: str, text: str, target_spec, seed: int, timed: bool):
+        return self.pool.submit(_worker_check, mod_json, text, target_spec, seed, timed)
+
+    def _result(self, future) -> Outcome:
         try:
             return Outcome(**future.result())
         except TimeoutError:
             return Outcome("run", f"timeout after {self.timeout_s:.0f} s")
         except (ChildProcessError, RuntimeError, OSError, EOFError) as err:  # the worker died
             return Outcome("build", f"worker crashed: {_short(err)}")
+
+    def check(self, mod, text: str, target_spec, seed: int = 0, timed: bool = False) -> Outcome:
+        return self.check_many(mod, [text], target_spec, seed, timed)[0]
+
+    def check_many(self, mod, texts: list[str], target_spec, seed: int = 0, timed: bool = False) -> list[Outcome]:
+        mod_json = tvm.ir.save_json(mod)
+        futures = [self._submit(mod_json, t, target_spec, seed, timed) for t in texts]
+        return [self._result(f) for f in futures]

@@ -1,0 +1,179 @@
+"""Stage 5: reinforcement learning with the shaped, measured reward (TRL GRPOTrainer).
+
+    little-dragon rl
+
+Starts from `models/sft/`, samples groups of scripts for training prompts (construction and
+refinement), scores each by building, running, checking and timing it (pipeline.reward), and
+updates the policy with GRPO. Writes `models/rl/`, `reports/rl.json` (reward per step, each
+component, failure stages), `reports/rl_reward.png`; logs to MLflow.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline import io, params as P, records, tracking
+from pipeline.reward import Measurer, RewardParams, ShapedReward
+
+
+@dataclass
+class RLParams:
+    model_dir: str = "models/sft"
+    output_dir: str = "models/rl"
+    dataset_dir: str = "data/dataset"
+    report: str = "reports/rl.json"
+    steps: int = 20
+    num_generations: int = 4
+    prompts_per_step: int = 2
+    max_prompts: int = 64
+    learning_rate: float = 5e-5
+    beta: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_completion_length: int = 320
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    reward: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        P.require(self.steps > 0, "rl.steps must be > 0")
+        P.require(self.num_generations >= 2, "rl.num_generations must be >= 2 (GRPO compares within a group)")
+        P.require(self.prompts_per_step >= 1 and self.max_prompts >= 1, "rl.prompts_per_step/max_prompts must be >= 1")
+
+
+def training_prompts(rows: list[dict], n: int, seed: int) -> list[dict]:
+    """Distinct prompts, both tasks interleaved, with the columns the reward needs."""
+    by_task: dict[str, dict[str, dict]] = {"construction": {}, "refinement": {}}
+    for r in rows:
+        by_task[r["task"]].setdefault(r["prompt"], r)
+    rng = random.Random(seed)
+    lists = []
+    for task in ("construction", "refinement"):
+        chosen = list(by_task[task].values())
+        rng.shuffle(chosen)
+        lists.append(chosen)
+    out = []
+    for pair in zip(*lists):
+        out.extend(pair)
+    longer = max(lists, key=len)
+    out.extend(longer[len(out) // 2:])
+    return [{"prompt": r["prompt"], "workload": r["workload"], "task": r["task"]} for r in out[:n]]
+
+
+def summarize(log: list[dict], history: list[dict]) -> dict:
+    steps: dict[int, list[dict]] = {}
+    for e in log:
+        steps.setdefault(e["step"], []).append(e)
+    per_step = []
+    for step, es in sorted(steps.items()):
+        n = len(es)
+        per_step.append({"step": step, "completions": n,
+                         "reward": sum(e["correctness"] + e["speed"] for e in es) / n,
+                         "correctness": sum(e["correctness"] for e in es) / n,
+                         "speed": sum(e["speed"] for e in es) / n,
+                         "correct_share": sum(e["stage"] == "ok" for e in es) / n,
+                         "stages": dict(Counter(e["stage"] for e in es))})
+    half = max(1, len(per_step) // 2)
+    first, last = per_step[:half], per_step[-half:]
+
+    def mean(xs, k):
+        return sum(x[k] for x in xs) / len(xs) if xs else None
+
+    return {"per_step": per_step, "stages": dict(Counter(e["stage"] for e in log)),
+            "completions": len(log),
+            "reward_first_half": mean(first, "reward"), "reward_second_half": mean(last, "reward"),
+            "correct_share_first_half": mean(first, "correct_share"),
+            "correct_share_second_half": mean(last, "correct_share"),
+            "trainer_log": [{k: v for k, v in h.items() if k.startswith(("reward", "loss", "step", "kl"))}
+                            for h in history]}
+
+
+def _plot(summary: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["per_step"]
+    x = [r["step"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for k in ("reward", "correctness", "speed"):
+        a.plot(x, [r[k] for r in rows], label=k)
+    a.set_xlabel("GRPO step")
+    a.set_ylabel("mean reward")
+    a.legend()
+    stages = ["decode", "apply", "postproc", "build", "run", "numerics", "ok"]
+    bottom = [0.0] * len(rows)
+    for s in stages:
+        share = [r["stages"].get(s, 0) / r["completions"] for r in rows]
+        b.bar(x, share, bottom=bottom, label=s)
+        bottom = [u + v for u, v in zip(bottom, share)]
+    b.set_xlabel("GRPO step")
+    b.set_ylabel("share of completions")
+    b.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: bool = True):
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from pipeline import models
+
+    rp = P.from_dict(RewardParams, p.reward, "rl.reward")
+    model, tokenizer = models.load(p.model_dir, trainable=True)
+    reward = ShapedReward(Measurer(specs, target_spec, rp.timeout_s, rp.workers), rp)
+    args = GRPOConfig(
+        output_dir=str(Path(p.output_dir).parent / ".rl-work"), max_steps=p.steps,
+        per_device_train_batch_size=p.prompts_per_step * p.num_generations, num_generations=p.num_generations,
+        learning_rate=p.learning_rate, beta=p.beta, temperature=p.temperature, top_p=p.top_p,
+        max_completion_length=p.max_completion_length, logging_steps=1, save_strategy="no", report_to="none",
+        seed=p.seed, bf16=p.bf16, gradient_checkpointing=p.gradient_checkpointing,
+        use_cpu=not torch.cuda.is_available(), disable_tqdm=not progress, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
+                          train_dataset=Dataset.from_list(prompts), processing_class=tokenizer)
+    trainer.train()
+    return trainer.model, tokenizer, reward, trainer.state.log_history
+
+
+def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+    import yaml
+
+    p = P.load("rl", RLParams, params_path)
+    raw = yaml.safe_load(Path(params_path).read_text())
+    rows = list(io.read_jsonl(Path(p.dataset_dir) / "train.jsonl"))
+    prompts = training_prompts(rows, p.max_prompts, p.seed)
+    specs = records.workload_entries(raw["data"]["search_dir"])
+    start = time.perf_counter()
+    model, tokenizer, reward, history = train(p, prompts, specs, raw["search"]["target"], progress)
+    seconds = time.perf_counter() - start
+    out = Path(p.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    summary = summarize(reward.log, history)
+    report = {"start_model": p.model_dir, "train_seconds": round(seconds, 1), "steps": p.steps,
+              "prompts": len(prompts), "checked_scripts": reward.measurer.builds,
+              "cache_entries": len(reward.measurer.cache), "reward_params": asdict(
+                  P.from_dict(RewardParams, p.reward, "rl.reward")), **summary}
+    io.write_json(p.report, report)
+    plot = str(Path(p.report).with_name("rl_reward.png"))
+    _plot(summary, plot)
+    curve = [("reward", r["step"], r["reward"]) for r in summary["per_step"]]
+    metrics = {k: report[k] for k in ("train_seconds", "reward_first_half", "reward_second_half",
+                                       "correct_share_first_half", "correct_share_second_half")
+               if report[k] is not None}
+    report["mlflow_run_id"] = tracking.log_run("rl", asdict(p), metrics, curve, [p.report, plot])
+    io.write_json(p.report, report)
+    print(f"rl: {p.steps} GRPO steps in {seconds:.0f} s, {reward.measurer.builds} scripts checked; mean reward "
+          f"{summary['reward_first_half']:.3f} (first half) -> {summary['reward_second_half']:.3f} (second half); "
+          f"stages {summary['stages']} -> {out}, {p.report}")
+    return report

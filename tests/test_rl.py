@@ -1,0 +1,90 @@
+"""GRPO for real: a tiny model trained on real scripts, two GRPO steps with the measured
+reward on a real workload; the model directory loader for full models and LoRA adapters."""
+
+import json
+
+import pytest
+
+from pipeline import models, train_rl, train_sft
+from pipeline.codec import encode
+from pipeline.dataset import construction_prompt
+from pipeline.describe import describe
+from pipeline.params import ParamsError, from_dict
+from pipeline.space import sample_many
+from pipeline.workloads import Spec, build
+
+SPEC = Spec("matmul", (16, 64, 64), "float32")
+
+
+def _tiny_sft(tmp_path, cpu_target):
+    mod = build(SPEC)
+    prompt = construction_prompt(describe(mod), "llvm")
+    scripts = [encode(mod, s.trace, cpu_target) for s in sample_many(mod, cpu_target, 8, seed=1)]
+    rows = [{"prompt": prompt, "completion": s} for s in scripts] * 4
+    p = from_dict(train_sft.SFTParams, dict(hidden_size=32, layers=2, heads=2, intermediate_size=64, vocab_size=400,
+                                            max_length=512, pretrain_steps=0, sft_steps=40, batch_size=8,
+                                            learning_rate=3e-3, output_dir=str(tmp_path / "sft")))
+    model, tok, _ = train_sft.train(p, rows, [], progress=False)
+    model.save_pretrained(tmp_path / "sft")
+    tok.save_pretrained(tmp_path / "sft")
+    return prompt
+
+
+def test_grpo_steps_with_the_measured_reward(tmp_path, cpu_target):
+    prompt = _tiny_sft(tmp_path, cpu_target)
+    p = from_dict(train_rl.RLParams, dict(model_dir=str(tmp_path / "sft"), output_dir=str(tmp_path / "rl"),
+                                          steps=2, num_generations=2, prompts_per_step=1, max_completion_length=200,
+                                          reward={"workers": 1, "timeout_s": 60}))
+    prompts = [{"prompt": prompt, "workload": SPEC.id, "task": "construction"}] * 4
+    model, tok, reward, history = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
+                                                 {"kind": "llvm", "num-cores": 2}, progress=False)
+    assert len(reward.log) == 4 and {e["step"] for e in reward.log} == {1, 2}
+    assert all(e["stage"] in ("decode", "apply", "postproc", "build", "run", "numerics", "ok") for e in reward.log)
+    logged = [h for h in history if "rewards/correctness/mean" in h]
+    assert len(logged) == 2 and all("rewards/speed/mean" in h for h in logged)
+    summary = train_rl.summarize(reward.log, history)
+    assert summary["completions"] == 4 and len(summary["per_step"]) == 2
+    model.save_pretrained(tmp_path / "rl")
+    tok.save_pretrained(tmp_path / "rl")
+    loaded, _ = models.load(tmp_path / "rl")
+    assert loaded.config.hidden_size == 32
+
+
+def test_rl_params_are_checked():
+    with pytest.raises(ParamsError, match="num_generations"):
+        train_rl.RLParams(num_generations=1)
+
+
+def test_training_prompts_interleave_tasks():
+    rows = [{"prompt": f"c{i}", "workload": "w", "task": "construction"} for i in range(3)]
+    rows += [{"prompt": f"r{i}", "workload": "w", "task": "refinement"} for i in range(5)]
+    out = train_rl.training_prompts(rows, 6, seed=0)
+    assert [r["task"] for r in out[:6]] == ["construction", "refinement"] * 3
+    assert len({r["prompt"] for r in train_rl.training_prompts(rows, 100, 0)}) == 8
+
+
+def test_model_loader_handles_lora_adapters_and_says_which_base(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["B matmul\nL b0 3"] * 10, 300)
+    base = tmp_path / "base"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=64)).save_pretrained(base)
+    tok.save_pretrained(base)
+    peft_model = get_peft_model(LlamaForCausalLM.from_pretrained(base),
+                                LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    tok.save_pretrained(tmp_path / "adapter")
+    assert models.is_adapter(tmp_path / "adapter") and models.base_of(tmp_path / "adapter") == str(base)
+    model, _ = models.load(tmp_path / "adapter", trainable=True)
+    assert any("lora_" in n for n, t in model.named_parameters() if t.requires_grad)
+    cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "gone")
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(models.ModelError, match="not a local directory"):
+        models.load(tmp_path / "adapter")
+    with pytest.raises(models.ModelError, match="holds no model"):
+        models.load(tmp_path)
