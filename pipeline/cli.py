@@ -6,6 +6,9 @@
     little-dragon validate               stage 3: Great Expectations validation (fails the pipeline)
     little-dragon sft                    stage 4: SFT (TRL; LoRA through PEFT for a pretrained base)
     little-dragon rl                     stage 5: RL with the shaped, measured reward (TRL GRPO)
+    little-dragon evaluate               stage 6: gated evaluation, MLflow registry (champion alias)
+    little-dragon pull [--dest DIR]      fetch models:/little-dragon@champion
+    little-dragon optimize KERNEL        write, verify and time K scripts for your kernel; print the best
     little-dragon codec-report           compactness of the script language
 
 Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
@@ -71,6 +74,71 @@ def _rl(args) -> int:
     return 0
 
 
+def _evaluate(args) -> int:
+    from pipeline import evaluate
+
+    metrics = evaluate.main(args.params, progress=not args.quiet)
+    return 0 if metrics["gate"]["passed"] or not args.fail_on_gate else 1
+
+
+def _pull(args) -> int:
+    from pipeline import registry
+
+    try:
+        dest = registry.pull(args.dest)
+    except registry.RegistryError as err:
+        print(f"little-dragon pull: {err}", file=sys.stderr)
+        return 1
+    champ = registry.champion()
+    print(f"pulled models:/{registry.NAME}@{registry.ALIAS} (version {champ['version']}) -> {dest}")
+    return 0
+
+
+def _target_arg(text: str):
+    import json
+
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            from pipeline.tvm_env import TargetError
+
+            raise TargetError(f"--target is not valid JSON: {err}") from None
+    return text
+
+
+def _optimize(args) -> int:
+    from pathlib import Path
+
+    from pipeline import models, optimize
+
+    model_dir = args.model
+    if model_dir is None:
+        if not Path("models/champion").exists():
+            print("little-dragon optimize: no model: run `little-dragon pull` (fetches the champion to "
+                  "models/champion) or pass --model DIR", file=sys.stderr)
+            return 2
+        model_dir = "models/champion"
+    try:
+        r = optimize.optimize(args.kernel, _target_arg(args.target), args.attempts, model_dir, args.out,
+                              timeout_s=args.timeout)
+    except (optimize.KernelError, models.ModelError) as err:
+        print(f"little-dragon optimize: {err}", file=sys.stderr)
+        return 2
+    failures = ", ".join(f"{k} {v}" for k, v in r["outcomes"].items() if v and k != "ok")
+    if not r["verified"]:
+        print(f"little-dragon optimize: no verified script among {r['attempts']} attempts ({failures}); "
+              f"nothing written but {args.out}/result.json", file=sys.stderr)
+        return 1
+    print(Path(r["script"]).read_text().rstrip())
+    print(f"# verified {r['outcomes']['ok']}/{r['attempts']} attempts ({failures or 'no failures'}); best "
+          f"{r['latency_s'] * 1e6:.1f} us vs baseline {r['baseline_s'] * 1e6:.1f} us: {r['speedup']:.2f}x; "
+          f"{r['seconds']:.1f} s")
+    print(f"# script -> {r['script']}; scheduled TVMScript -> {r['scheduled']}")
+    return 0
+
+
 def _bench_records(args) -> int:
     from pipeline import bench_records
 
@@ -105,6 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("rl", help="stage 5: GRPO from models/sft with the measured reward")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_rl)
+
+    p = sub.add_parser("evaluate", help="stage 6: gated evaluation; registers models in MLflow")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--fail-on-gate", action="store_true", help="exit 1 when the candidate fails a gate")
+    p.set_defaults(func=_evaluate)
+
+    p = sub.add_parser("pull", help="fetch the champion model from the MLflow registry")
+    p.add_argument("--dest", default="models/champion", help="folder to write it to (default: models/champion)")
+    p.set_defaults(func=_pull)
+
+    p = sub.add_parser("optimize", help="optimize a kernel with the model; prints the best verified script")
+    p.add_argument("kernel", help="a TVMScript file with a PrimFunc, or a Python file that builds one (TE)")
+    p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
+    p.add_argument("--attempts", type=int, default=8, help="scripts to generate and verify (K)")
+    p.add_argument("--model", default=None, help="model directory (default: models/champion)")
+    p.add_argument("--out", default="optimized", help="output folder (default: optimized)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per script check")
+    p.set_defaults(func=_optimize)
 
     p = sub.add_parser("bench-records", help="benchmark: memory of building examples from 1M records")
     p.add_argument("--records", type=int, default=1_000_000)

@@ -83,6 +83,10 @@ class Measurer:
         self._lock = threading.Lock()
         self.builds = 0
 
+    def add(self, key: str, mod) -> None:
+        """Measure scripts for a module that is not in the catalog (a user's kernel, te_workload)."""
+        self._mods[key] = mod
+
     def module(self, workload: str):
         if workload not in self._mods:
             if workload not in self.specs:

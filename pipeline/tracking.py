@@ -32,11 +32,17 @@ def log_run(run_name: str, params: dict, metrics: dict, curves, artifacts: list[
     """curves: (metric name, step, value) triples. Returns the run id."""
     mlflow = setup()
     with mlflow.start_run(run_name=run_name) as run:
-        mlflow.log_params({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in params.items()})
-        for name, step, value in curves:
-            mlflow.log_metric(name, value, step=int(step))
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
-        for a in artifacts:
-            if Path(a).exists():
-                mlflow.log_artifact(a)
+        log_to_active_run(params, metrics, curves, artifacts)
         return run.info.run_id
+
+
+def log_to_active_run(params: dict, metrics: dict, curves, artifacts: list[str]) -> None:
+    import mlflow
+
+    mlflow.log_params({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in params.items()})
+    for name, step, value in curves:
+        mlflow.log_metric(name, value, step=int(step))
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v})
+    for a in artifacts:
+        if Path(a).exists():
+            mlflow.log_artifact(a)

@@ -228,7 +228,8 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     n_params = sum(t.numel() for t in model.parameters())
     report = {"model": p.base_model or SCRATCH_NOTE, "parameters": n_params, "train_seconds": round(train_s, 1),
               "train_examples": len(train_rows), "corpus_scripts": len(corpus),
-              "final_loss": history[-1][2] if history else None, "validation": evaluation}
+              "final_loss": history[-1][2] if history else None, "validation": evaluation,
+              "history": [list(h) for h in history]}
     io.write_json(p.report, report)
     plot = str(Path(p.report).with_name("sft_loss.png"))
     _plot(history, plot)

@@ -1,0 +1,448 @@
+"""Stage 6: gated evaluation and registration.
+
+    little-dragon evaluate
+
+On the held-out test workloads and on a slice of TVM's te_workload suite (the external
+benchmark, never trained on), for each model (SFT, RL): K scripts per construction prompt and
+per refinement prompt, each verified and timed by the same checker (pipeline.verify, in worker
+processes). MetaSchedule tunes every task in the same run, with the search stage's settings;
+its candidates are re-timed by that same checker, so model and search share one timer.
+
+Metrics (reports/metrics.json; top level = the candidate model, `models.<label>` = each):
+per-attempt correctness with the failure breakdown, geometric-mean speedup over the baseline
+(a task with no correct script keeps the baseline: speedup 1), latency ratio to MetaSchedule's
+best at the same number of measured candidates (K) and at the full budget, RL-vs-SFT wins,
+time to schedule against the search time MetaSchedule needed to reach the same latency
+(prorated by trial index over the tuning run's wall time). Every model is registered in MLflow;
+`champion` moves only to a version that passes every gate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pipeline import io, params as P, records
+from pipeline.dataset import construction_prompt, refinement_prompt
+from pipeline.describe import describe
+from pipeline.reward import Measurer, source_script
+from pipeline.verify import STAGES, Outcome
+
+DEFAULT_GATES = {"min_construction_correctness": 0.90, "min_refinement_correctness": 0.90,
+                 "min_speedup": 1.0, "max_latency_ratio": 1.0}
+
+
+@dataclass
+class EvalParams:
+    models: dict = field(default_factory=lambda: {"sft": "models/sft", "rl": "models/rl"})
+    candidate: str = "rl"
+    dataset_dir: str = "data/dataset"
+    te_suite: list = field(default_factory=lambda: ["GMM:0", "SFM:0", "NRM:0"])
+    attempts: int = 4
+    refinement_prompts: int = 3
+    metaschedule_trials: int | None = None    # full budget; None: search.trials_per_workload
+    timeout_s: float = 60.0
+    workers: int = 2
+    seed: int = 0
+    work_dir: str = "data/evaluate"
+    metrics: str = "reports/metrics.json"
+    report: str = "reports/evaluation.md"
+    register: bool = True
+    gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
+
+    def __post_init__(self):
+        P.require(self.candidate in self.models, f"evaluate.candidate {self.candidate!r} is not in evaluate.models")
+        P.require(self.attempts >= 1, "evaluate.attempts must be >= 1")
+        P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
+        for item in self.te_suite:
+            name, _, idx = str(item).partition(":")
+            P.require(idx.isdigit(), f"evaluate.te_suite entry {item!r} must be NAME:INDEX, e.g. GMM:0")
+
+
+@dataclass
+class Task:
+    key: str
+    source: str                      # "test" | "te_workload"
+    mod: object
+    prompt: str = ""
+    refinements: list = field(default_factory=list)   # [(prompt, source script)]
+    ms_scripts: list = field(default_factory=list)
+    ms_outcomes: list = field(default_factory=list)
+    ms_seconds: float = 0.0
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _best(outcomes: list[Outcome]) -> Outcome | None:
+    ok = [o for o in outcomes if o.correct and o.latency_s]
+    return min(ok, key=lambda o: o.latency_s) if ok else None
+
+
+def te_module(item: str):
+    from tvm.s_tir.meta_schedule.testing import te_workload
+
+    from pipeline.tvm_env import tvm
+
+    name, _, idx = item.partition(":")
+    return tvm.IRModule({"main": te_workload.create_te_workload(name, int(idx))})
+
+
+def make_tasks(p: EvalParams, specs: dict, target) -> list[Task]:
+    from pipeline.workloads import Spec, build
+
+    rows = list(io.read_jsonl(Path(p.dataset_dir) / "test.jsonl"))
+    if not rows:
+        raise FileNotFoundError(f"no test examples in {p.dataset_dir}/test.jsonl: run `little-dragon data` first")
+    tasks: dict[str, Task] = {}
+    for r in rows:
+        if r["workload"] not in tasks:
+            tasks[r["workload"]] = Task(r["workload"], "test", build(Spec.from_json(specs[r["workload"]])))
+        t = tasks[r["workload"]]
+        if r["task"] == "construction":
+            t.prompt = r["prompt"]
+        elif len(t.refinements) < p.refinement_prompts and all(r["prompt"] != q for q, _ in t.refinements):
+            t.refinements.append((r["prompt"], source_script(r["prompt"])))
+    out = list(tasks.values())
+    for item in p.te_suite:
+        mod = te_module(item)
+        out.append(Task(f"te:{item}", "te_workload", mod, construction_prompt(describe(mod), target.kind.name)))
+    return out
+
+
+def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool):
+    from pipeline import metaschedule
+
+    for t in tqdm(tasks, desc="metaschedule", disable=not progress):
+        tuned = metaschedule.tune(t.mod, target, trials, Path(p.work_dir) / t.key.replace(":", "_"), sp, t.key)
+        t.ms_scripts, t.ms_seconds = tuned.scripts, tuned.seconds
+        pairs = [(t.key, s) for s in tuned.scripts if s is not None]
+        timed = dict(zip([s for _, s in pairs], measurer.measure(pairs)))
+        t.ms_outcomes = [timed.get(s) if s is not None else Outcome("decode", "trace did not encode")
+                         for s in tuned.scripts]
+        if t.source == "te_workload":   # the "somewhat optimized" script to refine: MS's best of its first K
+            best = _best(t.ms_outcomes[: p.attempts])
+            if best is not None:
+                script = t.ms_scripts[t.ms_outcomes.index(best)]
+                t.refinements = [(refinement_prompt(describe(t.mod), target.kind.name, script, best.speedup or 1.0),
+                                  script)]
+
+
+def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measurer, target, seed: int,
+              progress: bool) -> dict:
+    from pipeline import models
+    from pipeline.generate import generate, generate_constrained
+
+    model, tok = models.load(model_dir)
+
+    def sample(prompt, mod):
+        if g.constrained:
+            return generate_constrained(model, tok, prompt, g, mod, target, seed=seed)
+        return generate(model, tok, [prompt], g, seed=seed)[0]
+
+    out = {}
+    for t in tqdm(tasks, desc=f"evaluate {label}", disable=not progress):
+        start = time.perf_counter()
+        scripts = sample(t.prompt, t.mod)
+        cons = measurer.measure([(t.key, s) for s in scripts])
+        seconds = time.perf_counter() - start
+        refs = []
+        for prompt, src in t.refinements:
+            outs = measurer.measure([(t.key, s) for s in sample(prompt, t.mod)])
+            refs.append({"source": measurer.measure([(t.key, src)])[0], "attempts": outs})
+        out[t.key] = {"construction": cons, "seconds": seconds, "refinement": refs, "scripts": scripts}
+    return out
+
+
+def _baseline(t: Task, outcomes: list[Outcome]) -> float | None:
+    xs = [o.baseline_s for o in outcomes if o is not None and o.baseline_s]
+    return statistics.median(xs) if xs else None
+
+
+def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
+    counts = {"construction": {s: 0 for s in STAGES}, "refinement": {s: 0 for s in STAGES}}
+    per_task, c_speed, r_speed, r_src, ratio_k, ratio_full, tts = [], [], [], [], [], [], []
+    for t in tasks:
+        r = res[t.key]
+        for o in r["construction"]:
+            counts["construction"][o.stage] += 1
+        every = r["construction"] + t.ms_outcomes + [a for x in r["refinement"] for a in x["attempts"]]
+        base = _baseline(t, every)
+        best = _best(r["construction"])
+        speedup = (base / best.latency_s) if best and base else 1.0
+        c_speed.append(speedup)
+        ms_k, ms_full = _best(t.ms_outcomes[:K]), _best(t.ms_outcomes)
+        mine = best.latency_s if best else base
+        if ms_k and mine:
+            ratio_k.append(mine / ms_k.latency_s)
+        if ms_full and mine:
+            ratio_full.append(mine / ms_full.latency_s)
+        reach = None
+        if best:
+            for i, o in enumerate(t.ms_outcomes):
+                if o is not None and o.correct and o.latency_s and o.latency_s <= best.latency_s:
+                    reach = t.ms_seconds * (i + 1) / max(1, len(t.ms_outcomes))
+                    break
+        tts.append({"task": t.key, "model_seconds": round(r["seconds"], 2), "model_correct": best is not None,
+                    "metaschedule_seconds_to_same_latency": round(reach, 2) if reach else None,
+                    "metaschedule_reached": reach is not None if best else None})
+        for x in r["refinement"]:
+            for o in x["attempts"]:
+                counts["refinement"][o.stage] += 1
+            rb, src = _best(x["attempts"]), x["source"]
+            src_lat = src.latency_s if src.correct else None
+            r_src.append(src_lat / rb.latency_s if rb and src_lat else 1.0)
+            lat = rb.latency_s if rb else src_lat
+            if lat and base:
+                r_speed.append(base / lat)
+        per_task.append({"task": t.key, "source": t.source, "baseline_s": base,
+                         "best_s": best.latency_s if best else None, "speedup": speedup,
+                         "metaschedule_at_k_s": ms_k.latency_s if ms_k else None,
+                         "metaschedule_full_s": ms_full.latency_s if ms_full else None,
+                         "correct_attempts": sum(o.correct for o in r["construction"]),
+                         "attempts": len(r["construction"])})
+
+    def task_block(name, speeds, extra=None):
+        c = counts[name]
+        n = sum(c.values())
+        return {"correctness": c["ok"] / n if n else None, "attempts": n,
+                "failures_by_stage": {k: v for k, v in c.items() if k != "ok"},
+                "speedup_geomean": geomean(speeds), **(extra or {})}
+
+    reached = [x for x in tts if x["model_correct"]]
+    return {
+        "construction": task_block("construction", c_speed, {"tasks": len(tasks)}),
+        "refinement": task_block("refinement", r_speed, {"prompts": len(r_src), "speedup_vs_source_geomean": geomean(r_src)}),
+        "vs_metaschedule": {"latency_ratio": geomean(ratio_k), "latency_ratio_full_budget": geomean(ratio_full),
+                            "equal_budget_candidates": K},
+        "time_to_schedule": {"per_task": tts,
+                             "model_seconds_mean": statistics.mean([x["model_seconds"] for x in tts]) if tts else None,
+                             "metaschedule_reached": sum(bool(x["metaschedule_reached"]) for x in reached),
+                             "tasks_with_correct_model_kernel": len(reached)},
+        "per_task": per_task,
+    }
+
+
+def rl_vs_sft(rl: dict, sft: dict, tasks: list[Task]) -> dict:
+    cw = rw = prompts = 0
+    for t in tasks:
+        a, b = _best(rl[t.key]["construction"]), _best(sft[t.key]["construction"])
+        cw += bool(a and (b is None or a.latency_s < b.latency_s))
+        for x, y in zip(rl[t.key]["refinement"], sft[t.key]["refinement"]):
+            prompts += 1
+            a, b = _best(x["attempts"]), _best(y["attempts"])
+            rw += bool(a and (b is None or a.latency_s < b.latency_s))
+    return {"construction_wins": cw, "construction_tasks": len(tasks), "refinement_wins": rw,
+            "refinement_prompts": prompts}
+
+
+def gate(m: dict, gates: dict) -> dict:
+    reasons = []
+
+    def need(ok, msg):
+        if not ok:
+            reasons.append(msg)
+
+    cc, rc = m["construction"]["correctness"], m["refinement"]["correctness"]
+    sp, lr = m["construction"]["speedup_geomean"], m["vs_metaschedule"]["latency_ratio"]
+    need(cc is not None and cc >= gates["min_construction_correctness"],
+         f"construction correctness {cc} < {gates['min_construction_correctness']}")
+    need(rc is not None and rc >= gates["min_refinement_correctness"],
+         f"refinement correctness {rc} < {gates['min_refinement_correctness']}")
+    need(sp is not None and sp > gates["min_speedup"], f"construction speedup {sp} is not above {gates['min_speedup']}")
+    rs = m["refinement"]["speedup_geomean"]
+    need(rs is None or rs > gates["min_speedup"], f"refinement speedup {rs} is not above {gates['min_speedup']}")
+    need(lr is not None and lr <= gates["max_latency_ratio"],
+         f"latency ratio to MetaSchedule at equal budget {lr} > {gates['max_latency_ratio']}")
+    return {"passed": not reasons, "reasons": reasons}
+
+
+def _fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def _plots(metrics: dict, labels: list[str], out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = metrics["models"][labels[0]]["per_task"]
+    names = [t["task"] for t in first]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)), 3.8))
+    series = {label: [t["speedup"] for t in metrics["models"][label]["per_task"]] for label in labels}
+    series["MetaSchedule@K"] = [t["baseline_s"] / t["metaschedule_at_k_s"] if t["baseline_s"] and t["metaschedule_at_k_s"]
+                                else 0 for t in first]
+    series["MetaSchedule full"] = [t["baseline_s"] / t["metaschedule_full_s"] if t["baseline_s"] and t["metaschedule_full_s"]
+                                   else 0 for t in first]
+    width = 0.8 / len(series)
+    for i, (label, ys) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(names))], ys, width, label=label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, fontsize=7)
+    ax.set_ylabel("speedup over baseline (best of K)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    speed = str(out_dir / "eval_speedup.png")
+    fig.savefig(speed, dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bars = [(f"{label}\n{task}", metrics["models"][label][task]) for label in labels
+            for task in ("construction", "refinement")]
+    bottom = [0.0] * len(bars)
+    for stage in STAGES:
+        share = []
+        for _, m in bars:
+            n = m["attempts"] or 1
+            share.append((m["correctness"] * m["attempts"] if stage == "ok" else m["failures_by_stage"][stage]) / n)
+        ax.bar(range(len(bars)), share, bottom=bottom, label=stage)
+        bottom = [a + b for a, b in zip(bottom, share)]
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("share of attempts")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    corr = str(out_dir / "eval_correctness.png")
+    fig.savefig(corr, dpi=100)
+    plt.close(fig)
+    return [speed, corr]
+
+
+def write_markdown(metrics: dict, path: str) -> None:
+    lines = ["# Evaluation", "", f"Candidate: **{metrics['candidate']}**. Gate: "
+             f"**{'passed' if metrics['gate']['passed'] else 'failed'}**"
+             + ("" if metrics["gate"]["passed"] else " - " + "; ".join(metrics["gate"]["reasons"])), "",
+             f"K = {metrics['attempts']} attempts per prompt; MetaSchedule budget {metrics['metaschedule_trials']} "
+             "trials per task, tuned in this run, candidates re-timed by the same checker.", "",
+             "| model | construction correctness | refinement correctness | construction speedup | "
+             "refinement speedup | vs source | latency / MS@K | latency / MS full |", "|---|---|---|---|---|---|---|---|"]
+    for label, m in metrics["models"].items():
+        lines.append(f"| {label} | {_fmt(m['construction']['correctness'])} | {_fmt(m['refinement']['correctness'])} | "
+                     f"{_fmt(m['construction']['speedup_geomean'])} | {_fmt(m['refinement']['speedup_geomean'])} | "
+                     f"{_fmt(m['refinement']['speedup_vs_source_geomean'])} | {_fmt(m['vs_metaschedule']['latency_ratio'])} | "
+                     f"{_fmt(m['vs_metaschedule']['latency_ratio_full_budget'])} |")
+    if "rl_vs_sft" in metrics:
+        r = metrics["rl_vs_sft"]
+        lines += ["", f"RL vs SFT: RL's best kernel faster on {r['construction_wins']} of {r['construction_tasks']} "
+                  f"construction tasks and {r['refinement_wins']} of {r['refinement_prompts']} refinement prompts."]
+    lines += ["", "## Per task (candidate)", "", "| task | set | baseline s | model best s | speedup | MS@K s | MS full s | "
+              "correct/attempts |", "|---|---|---|---|---|---|---|---|"]
+    for t in metrics["models"][metrics["candidate"]]["per_task"]:
+        lines.append(f"| {t['task']} | {t['source']} | {_fmt(t['baseline_s'], '.3g')} | {_fmt(t['best_s'], '.3g')} | "
+                     f"{_fmt(t['speedup'])} | {_fmt(t['metaschedule_at_k_s'], '.3g')} | {_fmt(t['metaschedule_full_s'], '.3g')}"
+                     f" | {t['correct_attempts']}/{t['attempts']} |")
+    lines += ["", "## Time to schedule (candidate)", "", "| task | model s | MetaSchedule s to the same latency |",
+              "|---|---|---|"]
+    for x in metrics["models"][metrics["candidate"]]["time_to_schedule"]["per_task"]:
+        ms = ("no correct model kernel" if not x["model_correct"] else
+              _fmt(x["metaschedule_seconds_to_same_latency"], ".1f") if x["metaschedule_reached"] else "not reached")
+        lines.append(f"| {x['task']} | {x['model_seconds']:.1f} | {ms} |")
+    if metrics.get("registry"):
+        lines += ["", "## Registry", ""]
+        for r in metrics["registry"]["versions"]:
+            lines.append(f"- {r['label']}: version {r['version']} (run {r['run_id']}), gate "
+                         f"{'passed' if r['gate']['passed'] else 'failed'}")
+        lines.append(f"- champion: {metrics['registry']['champion']}")
+    io.write_text_atomic(path, "\n".join(lines) + "\n")
+
+
+def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+    import yaml
+
+    from pipeline.generate import GenerationParams
+    from pipeline.search import SearchParams
+    from pipeline.tvm_env import make_target
+
+    p = P.load("evaluate", EvalParams, params_path)
+    raw = yaml.safe_load(Path(params_path).read_text())
+    sp = P.from_dict(SearchParams, raw["search"], "search")
+    g = P.from_dict(GenerationParams, {**raw.get("sft", {}).get("generation", {}), "attempts": p.attempts},
+                    "sft.generation")
+    target_spec = raw["search"]["target"]
+    target = make_target(target_spec)
+    labels = [label for label, d in p.models.items() if Path(d).exists()]
+    if p.candidate not in labels:
+        raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")
+    trials = p.metaschedule_trials or sp.trials_per_workload
+    start = time.perf_counter()
+    measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
+    tasks = make_tasks(p, measurer.specs, target)
+    for t in tasks:
+        measurer.add(t.key, t.mod)
+    run_metaschedule(p, tasks, measurer, sp, target, trials, progress)
+    results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress)
+               for label in labels}
+    per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
+    for label, m in per_model.items():
+        m["gate"] = gate(m, p.gates)
+    cand = per_model[p.candidate]
+    metrics = {"candidate": p.candidate, "attempts": p.attempts, "metaschedule_trials": trials,
+               "tasks": {"test": sum(t.source == "test" for t in tasks),
+                         "te_workload": sum(t.source == "te_workload" for t in tasks)},
+               **{k: cand[k] for k in ("construction", "refinement", "vs_metaschedule")},
+               "gate": cand["gate"], "gates": p.gates, "models": per_model,
+               "samples": {label: {t.key: results[label][t.key]["scripts"][:2] for t in tasks} for label in labels}}
+    if "rl" in results and "sft" in results:
+        metrics["rl_vs_sft"] = rl_vs_sft(results["rl"], results["sft"], tasks)
+    metrics["seconds"] = round(time.perf_counter() - start, 1)
+    plots = _plots(metrics, labels, Path(p.metrics).parent)
+    if p.register:
+        metrics["registry"] = register_all(p, metrics, labels, plots)
+    io.write_json(p.metrics, metrics)
+    write_markdown(metrics, p.report)
+    c = metrics["construction"]
+    print(f"evaluate: {p.candidate}: construction correctness {_fmt(c['correctness'])}, refinement "
+          f"{_fmt(metrics['refinement']['correctness'])}, speedup {_fmt(c['speedup_geomean'])}, latency/MS@K "
+          f"{_fmt(metrics['vs_metaschedule']['latency_ratio'])}; gate {'passed' if metrics['gate']['passed'] else 'failed'}"
+          f" ({'; '.join(metrics['gate']['reasons'])}) in {metrics['seconds']:.0f} s -> {p.metrics}, {p.report}")
+    return metrics
+
+
+def _flat(m: dict) -> dict:
+    out = {}
+    for k in ("construction", "refinement", "vs_metaschedule"):
+        for kk, v in m[k].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[f"{k}.{kk}"] = v
+    return out
+
+
+def training_curves(report: Path) -> list[tuple[str, int, float]]:
+    """The training curves a stage report holds: SFT loss per step, RL reward per step."""
+    import json
+
+    if not report.exists():
+        return []
+    r = json.loads(report.read_text())
+    curves = [(f"{phase}_loss", step, loss) for phase, step, loss in r.get("history", [])]
+    for row in r.get("per_step", []):
+        curves += [(f"rl_{k}", row["step"], row[k]) for k in ("reward", "correctness", "speed", "correct_share")]
+    return curves
+
+
+def register_all(p: EvalParams, metrics: dict, labels: list[str], plots: list[str]) -> dict:
+    """Register every evaluated model; move `champion` to the passing one with the best
+    construction speedup (if any passed). A failing version is tagged with its reasons."""
+    from pipeline import registry
+
+    versions = []
+    for label in labels:
+        m = metrics["models"][label]
+        report = Path(p.metrics).with_name(f"{label}.json")
+        curves = training_curves(report)
+        versions.append(registry.register(label, p.models[label], {"model_label": label, "model_dir": p.models[label],
+                                          "attempts": p.attempts, "gates": p.gates}, _flat(m), curves,
+                                          [*plots, str(report)], m["gate"]))
+    passing = [v for v in versions if v["gate"]["passed"]]
+    if passing:
+        best = max(passing, key=lambda v: metrics["models"][v["label"]]["construction"]["speedup_geomean"] or 0)
+        registry.promote(best["version"])
+    champ = registry.champion()
+    return {"versions": versions, "champion": f"version {champ['version']}" if champ else "none (no version passed)"}

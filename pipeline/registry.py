@@ -1,0 +1,110 @@
+"""The MLflow model registry: every evaluated model becomes a version of `little-dragon`;
+the alias `champion` moves only to a version that passed every gate.
+
+A version holds the model as an MLflow pyfunc (`mlflow.pyfunc.load_model` gives a model whose
+`predict` takes prompts and returns scripts) with the model directory inside it; a LoRA
+adapter's version says, in its tags, which base directory it needs. A version that fails a
+gate is tagged `gate=failed` and `gate_reasons`; the previous champion stays.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pipeline import models, tracking
+
+NAME = "little-dragon"
+ALIAS = "champion"
+
+
+class RegistryError(RuntimeError):
+    """Nothing to pull, or a store that cannot be reached."""
+
+
+try:
+    import mlflow.pyfunc
+
+    class ScriptWriter(mlflow.pyfunc.PythonModel):
+        """Prompts (a DataFrame column `prompt`, or a list of strings) -> one list of scripts each."""
+
+        def load_context(self, context):
+            self.model, self.tokenizer = models.load(context.artifacts["model"])
+
+        def predict(self, context, model_input, params=None):
+            from pipeline.generate import GenerationParams, generate
+
+            prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
+            g = GenerationParams(**{k: v for k, v in (params or {}).items() if k in GenerationParams.__annotations__})
+            return generate(self.model, self.tokenizer, prompts, g)
+except ImportError:  # mlflow is a dependency; this keeps `import pipeline.registry` cheap to fail
+    ScriptWriter = None
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    tracking.setup()
+    return MlflowClient(tracking.tracking_uri())
+
+
+def register(label: str, model_dir: str, params: dict, metrics: dict, curves, artifacts: list[str],
+             gate: dict) -> dict:
+    """Log the model with its evaluation to a new run, register it as a new version, tag the
+    gate decision. Does not move the alias (promote does). Returns {run_id, version, ...}."""
+    import mlflow
+
+    mlflow = tracking.setup()
+    base = models.base_of(model_dir)
+    with mlflow.start_run(run_name=f"evaluate-{label}") as run:
+        tracking.log_to_active_run(params, metrics, curves, artifacts)
+        mlflow.set_tags({"model_label": label, "gate": "passed" if gate["passed"] else "failed",
+                         "base_model": base or "none (full model)"})
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=ScriptWriter(), artifacts={"model": str(model_dir)},
+            pip_requirements=["little-dragon", "torch", "transformers", "peft", "apache-tvm"])
+        run_id = run.info.run_id
+    version = mlflow.register_model(info.model_uri, NAME)
+    client = _client()
+    tags = {"model_label": label, "gate": "passed" if gate["passed"] else "failed", "run_id": run_id,
+            "base_model": base or "none (full model)"}
+    if not gate["passed"]:
+        tags["gate_reasons"] = "; ".join(gate["reasons"])[:4000]
+    for k, v in tags.items():
+        client.set_model_version_tag(NAME, version.version, k, v)
+    return {"label": label, "run_id": run_id, "version": int(version.version), "gate": gate,
+            "base_model": base}
+
+
+def champion() -> dict | None:
+    client = _client()
+    try:
+        v = client.get_model_version_by_alias(NAME, ALIAS)
+    except Exception:  # no registered model, or no alias yet (MlflowException)
+        return None
+    return {"version": int(v.version), "run_id": v.run_id, "tags": dict(v.tags)}
+
+
+def promote(version: int) -> None:
+    _client().set_registered_model_alias(NAME, ALIAS, str(version))
+
+
+def pull(dest: str | Path, alias: str = ALIAS) -> Path:
+    """Download `models:/little-dragon@champion` and copy its model directory to `dest`."""
+    import mlflow
+
+    tracking.setup()
+    if champion() is None:
+        raise RegistryError(f"no version of '{NAME}' holds the alias '{alias}' in {tracking.tracking_uri()}: "
+                            "no evaluated model has passed the gates yet (see reports/metrics.json)")
+    dest = Path(dest)
+    staging = dest.with_name(dest.name + ".download")
+    shutil.rmtree(staging, ignore_errors=True)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{NAME}@{alias}", dst_path=str(staging)))
+    found = [p.parent for p in local.rglob("config.json")] + [p.parent for p in local.rglob("adapter_config.json")]
+    if not found:
+        raise RegistryError(f"models:/{NAME}@{alias} holds no model directory")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(found[0], dest)
+    shutil.rmtree(staging, ignore_errors=True)
+    return dest
