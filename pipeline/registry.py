@@ -60,8 +60,13 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
         tracking.log_to_active_run(params, metrics, curves, artifacts)
         mlflow.set_tags({"model_label": label, "gate": "passed" if gate["passed"] else "failed",
                          "base_model": base or "none (full model)"})
+        import pandas as pd
+        from mlflow.models import infer_signature
+
+        signature = infer_signature(pd.DataFrame({"prompt": ["target: llvm ..."]}), ["B main ..."],
+                                    params={"attempts": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 384})
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=ScriptWriter(), artifacts={"model": str(model_dir)},
+            name="model", python_model=ScriptWriter(), artifacts={"model": str(model_dir)}, signature=signature,
             pip_requirements=["little-dragon", "torch", "transformers", "peft", "apache-tvm"])
         run_id = run.info.run_id
     version = mlflow.register_model(info.model_uri, NAME)

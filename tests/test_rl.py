@@ -5,33 +5,14 @@ import json
 
 import pytest
 
-from pipeline import models, train_rl, train_sft
-from pipeline.codec import encode
-from pipeline.dataset import construction_prompt
-from pipeline.describe import describe
+from helpers import SPEC, tiny_model
+
+from pipeline import models, train_rl
 from pipeline.params import ParamsError, from_dict
-from pipeline.space import sample_many
-from pipeline.workloads import Spec, build
-
-SPEC = Spec("matmul", (16, 64, 64), "float32")
-
-
-def _tiny_sft(tmp_path, cpu_target):
-    mod = build(SPEC)
-    prompt = construction_prompt(describe(mod), "llvm")
-    scripts = [encode(mod, s.trace, cpu_target) for s in sample_many(mod, cpu_target, 8, seed=1)]
-    rows = [{"prompt": prompt, "completion": s} for s in scripts] * 4
-    p = from_dict(train_sft.SFTParams, dict(hidden_size=32, layers=2, heads=2, intermediate_size=64, vocab_size=400,
-                                            max_length=512, pretrain_steps=0, sft_steps=40, batch_size=8,
-                                            learning_rate=3e-3, output_dir=str(tmp_path / "sft")))
-    model, tok, _ = train_sft.train(p, rows, [], progress=False)
-    model.save_pretrained(tmp_path / "sft")
-    tok.save_pretrained(tmp_path / "sft")
-    return prompt
 
 
 def test_grpo_steps_with_the_measured_reward(tmp_path, cpu_target):
-    prompt = _tiny_sft(tmp_path, cpu_target)
+    prompt = tiny_model(tmp_path / "sft", cpu_target)
     p = from_dict(train_rl.RLParams, dict(model_dir=str(tmp_path / "sft"), output_dir=str(tmp_path / "rl"),
                                           steps=2, num_generations=2, prompts_per_step=1, max_completion_length=200,
                                           reward={"workers": 1, "timeout_s": 60}))

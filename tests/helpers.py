@@ -1,0 +1,27 @@
+"""Shared by tests: a tiny model trained for real on scripts of one small workload."""
+
+from pipeline import train_sft
+from pipeline.codec import encode
+from pipeline.dataset import construction_prompt
+from pipeline.describe import describe
+from pipeline.params import from_dict
+from pipeline.space import sample_many
+from pipeline.workloads import Spec, build
+
+SPEC = Spec("matmul", (16, 64, 64), "float32")
+
+
+def tiny_model(out_dir, target, steps: int = 40) -> str:
+    """Trains a tiny from-scratch model on 8 sampled scripts of SPEC, saves it to out_dir;
+    returns SPEC's construction prompt."""
+    mod = build(SPEC)
+    prompt = construction_prompt(describe(mod), "llvm")
+    scripts = [encode(mod, s.trace, target) for s in sample_many(mod, target, 8, seed=1)]
+    rows = [{"prompt": prompt, "completion": s} for s in scripts] * 4
+    p = from_dict(train_sft.SFTParams, dict(hidden_size=32, layers=2, heads=2, intermediate_size=64, vocab_size=400,
+                                            max_length=512, pretrain_steps=0, sft_steps=steps, batch_size=8,
+                                            learning_rate=3e-3, output_dir=str(out_dir)))
+    model, tok, _ = train_sft.train(p, rows, [], progress=False)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return prompt

@@ -1,0 +1,123 @@
+"""Evaluation metrics and gates on known outcomes; `little-dragon optimize` on real kernels."""
+
+import json
+
+import pytest
+
+from helpers import SPEC, tiny_model
+
+from pipeline import evaluate
+from pipeline.cli import main
+from pipeline.verify import Outcome
+
+
+def ok(lat, base=1.0):
+    return Outcome("ok", None, lat, base)
+
+
+def _tasks():
+    a = evaluate.Task("a", "test", None, ms_outcomes=[ok(0.5), ok(0.25), ok(0.2)], ms_seconds=30.0)
+    b = evaluate.Task("b", "te_workload", None, ms_outcomes=[ok(0.5), Outcome("build", "x")], ms_seconds=10.0)
+    return [a, b]
+
+
+def test_metrics_correctness_speedup_ratio_and_time_to_schedule():
+    tasks = _tasks()
+    res = {"a": {"construction": [ok(0.5), Outcome("decode", "x")], "seconds": 2.0, "scripts": [],
+                 "refinement": [{"source": ok(0.5), "attempts": [ok(0.25), Outcome("apply", "x")]}]},
+           "b": {"construction": [Outcome("decode", "x"), Outcome("run", "x")], "seconds": 3.0, "scripts": [],
+                 "refinement": []}}
+    m = evaluate.model_metrics(res, tasks, K=2)
+    assert m["construction"]["correctness"] == 0.25
+    assert m["construction"]["failures_by_stage"]["decode"] == 2 and m["construction"]["failures_by_stage"]["run"] == 1
+    # a: 2x; b: no correct script keeps the baseline, 1x
+    assert m["construction"]["speedup_geomean"] == pytest.approx(2 ** 0.5)
+    assert m["refinement"]["correctness"] == 0.5 and m["refinement"]["speedup_vs_source_geomean"] == pytest.approx(2.0)
+    # a: 0.5 / best of MS's first 2 (0.25) = 2; b: baseline 1.0 / 0.5 = 2
+    assert m["vs_metaschedule"]["latency_ratio"] == pytest.approx(2.0)
+    assert m["vs_metaschedule"]["latency_ratio_full_budget"] == pytest.approx((2.5 * 2.0) ** 0.5)
+    tts = {x["task"]: x for x in m["time_to_schedule"]["per_task"]}
+    assert tts["a"]["metaschedule_seconds_to_same_latency"] == pytest.approx(10.0)  # reached at trial 1 of 3
+    assert tts["b"]["model_correct"] is False
+    gate = evaluate.gate(m, evaluate.DEFAULT_GATES)
+    assert not gate["passed"] and any("construction correctness" in r for r in gate["reasons"])
+    assert any("latency ratio" in r for r in gate["reasons"])
+
+
+def test_rl_vs_sft_counts_only_strictly_faster_correct_kernels():
+    tasks = _tasks()
+    sft = {"a": {"construction": [ok(0.5)], "refinement": [{"attempts": [ok(0.3)]}]},
+           "b": {"construction": [Outcome("decode", "x")], "refinement": []}}
+    rl = {"a": {"construction": [ok(0.5)], "refinement": [{"attempts": [ok(0.2)]}]},
+          "b": {"construction": [ok(0.9)], "refinement": []}}
+    assert evaluate.rl_vs_sft(rl, sft, tasks) == {"construction_wins": 1, "construction_tasks": 2,
+                                                  "refinement_wins": 1, "refinement_prompts": 1}
+
+
+def test_passing_metrics_pass_the_gate():
+    m = {"construction": {"correctness": 0.95, "speedup_geomean": 1.5},
+         "refinement": {"correctness": 0.92, "speedup_geomean": 1.2}, "vs_metaschedule": {"latency_ratio": 0.9}}
+    assert evaluate.gate(m, evaluate.DEFAULT_GATES) == {"passed": True, "reasons": []}
+
+
+KERNEL_TE = """
+from tvm import te
+A = te.placeholder((16, 64), name="A")
+B = te.placeholder((64, 64), name="B")
+k = te.reduce_axis((0, 64), name="k")
+C = te.compute((16, 64), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="matmul")
+"""
+
+
+@pytest.mark.parametrize("content,suffix,message", [
+    ("def broken(:\n", ".py", "does not parse"),
+    ("x = 1\n", ".py", "no PrimFunc"),
+    ("this is not tvmscript", ".tvm", "does not parse as TVMScript"),
+])
+def test_optimize_rejects_bad_kernels_with_one_line(tmp_path, capsys, content, suffix, message):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    path = tmp_path / f"kernel{suffix}"
+    path.write_text(content)
+    assert main(["optimize", str(path), "--model", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_optimize_rejects_a_bad_target(tmp_path, capsys):
+    path = tmp_path / "k.py"
+    path.write_text(KERNEL_TE)
+    assert main(["optimize", str(path), "--target", "no-such-target", "--model", str(tmp_path)]) == 2
+    assert "no-such-target" in capsys.readouterr().err
+
+
+def test_optimize_returns_only_verified_scripts(tmp_path, capsys, cpu_target):
+    from pipeline.codec import decode
+    from pipeline.optimize import load_kernel
+    from pipeline.verify import check_in_process
+
+    tiny_model(tmp_path / "model", cpu_target, steps=60)
+    path = tmp_path / "k.py"
+    path.write_text(KERNEL_TE)
+    out = tmp_path / "out"
+    code = main(["optimize", str(path), "--model", str(tmp_path / "model"), "--attempts", "3", "--out", str(out)])
+    result = json.loads((out / "result.json").read_text())
+    assert sum(result["outcomes"].values()) == 3
+    if code == 0:
+        mod = load_kernel(path)
+        script = (out / "best.script").read_text()
+        assert check_in_process(mod, script, cpu_target).correct
+        assert result["speedup"] > 0 and "T.prim_func" in (out / "scheduled.py").read_text()
+        decode(mod, script, cpu_target)
+    else:
+        assert code == 1 and not (out / "best.script").exists()
+        assert "no verified script" in capsys.readouterr().err
+
+
+def test_load_kernel_reads_tvmscript(tmp_path):
+    from pipeline.optimize import load_kernel
+    from pipeline.workloads import build
+
+    path = tmp_path / "k.tvm"
+    path.write_text(build(SPEC).script())
+    assert "main" in [g.name_hint for g in load_kernel(path).functions]

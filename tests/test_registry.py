@@ -1,0 +1,42 @@
+"""The MLflow registry against a real store in a temporary directory: a passing version
+becomes champion, a failing one is tagged with its reasons and the champion stays; pull
+fetches the champion; the registered pyfunc loads and writes scripts."""
+
+import pytest
+
+from helpers import tiny_model
+
+from pipeline import models, registry
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    return tmp_path
+
+
+def test_promotion_refusal_and_pull(store, cpu_target):
+    import mlflow
+    from mlflow import MlflowClient
+
+    prompt = tiny_model(store / "model", cpu_target, steps=10)
+    with pytest.raises(registry.RegistryError, match="no version"):
+        registry.pull(store / "pulled")
+    good = {"passed": True, "reasons": []}
+    v1 = registry.register("sft", str(store / "model"), {"attempts": 4}, {"construction.correctness": 0.95}, [], [], good)
+    registry.promote(v1["version"])
+    assert registry.champion()["version"] == v1["version"] == 1
+    bad = {"passed": False, "reasons": ["construction correctness 0.1 < 0.9"]}
+    v2 = registry.register("rl", str(store / "model"), {}, {"construction.correctness": 0.1}, [], [], bad)
+    assert v2["version"] == 2 and registry.champion()["version"] == 1   # refused: champion stays
+    tags = MlflowClient().get_model_version(registry.NAME, "2").tags
+    assert tags["gate"] == "failed" and "0.1 < 0.9" in tags["gate_reasons"]
+    dest = registry.pull(store / "pulled")
+    model, tok = models.load(dest)
+    assert model.config.hidden_size == 32
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{registry.NAME}@{registry.ALIAS}")
+    import pandas as pd
+
+    out = pyfunc.predict(pd.DataFrame({"prompt": [prompt]}), params={"attempts": 2, "max_new_tokens": 16})
+    assert len(out) == 1 and len(out[0]) == 2 and all(isinstance(s, str) for s in out[0])
