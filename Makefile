@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make repro   set up .venv, then run the whole pipeline (dvc repro) on the CPU default profile
 #   make test    set up .venv, then run the tests
+#   make ui      start a local Prefect server (UI on http://127.0.0.1:4200) and serve the flows
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -9,7 +10,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_TELEMETRY := false
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: setup repro test test-all clean-data
+.PHONY: setup repro test test-all ui screenshot clean-data
 
 setup: $(STAMP)
 
@@ -27,6 +28,12 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest -n 2 --dist loadfile -q -m "not gpu"
+
+ui: setup
+	$(PY) -m flows.ui
+
+screenshot: setup
+	$(PY) -m flows.demo
 
 clean-data:
 	rm -rf data/search

@@ -52,8 +52,6 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
              gate: dict) -> dict:
     """Log the model with its evaluation to a new run, register it as a new version, tag the
     gate decision. Does not move the alias (promote does). Returns {run_id, version, ...}."""
-    import mlflow
-
     mlflow = tracking.setup()
     base = models.base_of(model_dir)
     with mlflow.start_run(run_name=f"evaluate-{label}") as run:
