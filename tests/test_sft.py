@@ -73,8 +73,8 @@ def test_constrained_generation_only_emits_valid_scripts(tmp_path, matmul_mod, c
 
     p = _params(tmp_path, sft_steps=10, pretrain_steps=0)
     model, tok, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
-    scripts = generate_constrained(model, tok, ROWS[0]["prompt"], GenerationParams(attempts=2, max_new_tokens=60),
-                                   matmul_mod, cpu_target, retries=3)
+    scripts = generate_constrained(model, tok, ROWS[0]["prompt"], GenerationParams(attempts=2, max_new_tokens=60, candidates=4,
+                                                                                backtracks=2), matmul_mod, cpu_target)
     assert len(scripts) == 2
     for text in scripts:
         if text:
