@@ -46,6 +46,7 @@ def test_only_transient_failures_are_retried():
 
 # ---------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_ui_run_button_runs_the_whole_pipeline(tmp_path):
     import asyncio
 
