@@ -8,11 +8,15 @@ reused; the baseline latency is timed the same way as the script, in the same pr
 
 Every stage's failure is an outcome, never an exception. Build and run happen in worker
 processes with a timeout (TVM's PopenPoolExecutor), so a script that hangs or crashes the
-compiler costs only its own attempt; the worker is replaced.
+compiler costs only its own attempt; the worker is replaced. Builds run in parallel; runs and
+timings take turns (a file lock), so concurrent workers never time kernels against each other.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import tempfile
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -66,7 +70,23 @@ def reference(mod, target, seed: int = 0, timed: bool = False) -> tuple[list[np.
     return cached
 
 
-def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False) -> Outcome:
+@contextlib.contextmanager
+def _exclusive(lock_path: str | None):
+    """Runs and timings of all workers take turns on the device (builds stay parallel), so
+    one worker's timing never shares the cores or the GPU with another's."""
+    if not lock_path:
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False,
+                     lock_path: str | None = None) -> Outcome:
     try:
         trace = codec.decode(mod, text, target)
     except codec.DecodeError as err:
@@ -80,6 +100,11 @@ def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False)
     if not device_available(target):
         return Outcome("run", f"no {target.kind.name} device here")
     inputs = random_inputs(mod, seed)
+    with _exclusive(lock_path):
+        return _run_and_compare(mod, executable, target, inputs, seed, timed)
+
+
+def _run_and_compare(mod, executable, target, inputs, seed: int, timed: bool) -> Outcome:
     try:
         outputs = run(executable, target, inputs)
         want_all, baseline_s = reference(mod, target, seed, timed)
@@ -99,9 +124,9 @@ def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False)
         return Outcome("run", _short(err))
 
 
-def _worker_check(mod_json: str, text: str, target_spec, seed: int, timed: bool) -> dict:
+def _worker_check(mod_json: str, text: str, target_spec, seed: int, timed: bool, lock_path: str | None) -> dict:
     mod = tvm.ir.load_json(mod_json)
-    return check_in_process(mod, text, make_target(target_spec), seed, timed).to_json()
+    return check_in_process(mod, text, make_target(target_spec), seed, timed, lock_path).to_json()
 
 
 class Checker:
@@ -113,9 +138,11 @@ class Checker:
 
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, initializer=worker_init)
+        self._lock_file = tempfile.NamedTemporaryFile(prefix="little-dragon-device-", suffix=".lock")
+        self.lock_path = self._lock_file.name if workers > 1 else None
 
     def _submit(self, mod_json: str, text: str, target_spec, seed: int, timed: bool):
-        return self.pool.submit(_worker_check, mod_json, text, target_spec, seed, timed)
+        return self.pool.submit(_worker_check, mod_json, text, target_spec, seed, timed, self.lock_path)
 
     def _result(self, future) -> Outcome:
         try:
