@@ -37,7 +37,7 @@ def main() -> None:
 
     target_spec = "nvidia/nvidia-h100"
     target = make_target(target_spec)
-    sp = from_dict(SearchParams, {"target": target_spec, "num_workloads": a.workloads, "trials_per_workload": 1,
+    sp = from_dict(SearchParams, {"target": target_spec, "num_workloads": a.workloads, "trials_per_workload": 1, "trials_per_iter": 1,
                                   "families": ["matmul", "softmax", "layer_norm", "conv2d_bias_relu"],
                                   "max_mflop": 500, "max_elements": 5_000_000})
     specs = select_workloads(sp)
