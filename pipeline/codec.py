@@ -788,6 +788,10 @@ def _first_line(err: Exception) -> str:
 def decode(mod: "tvm.IRModule", text: str, target: "tvm.target.Target") -> Trace:
     """The exact trace a script stands for (postprocessing included), applied to `mod`."""
     insts, decisions, mode, lines = parse(text)
+    for i, d in decisions:
+        # TVM divides by tile factors: a zero would kill the process (SIGFPE), not raise.
+        if insts[i][0] in ("SamplePerfectTile", "SamplePartitionedTile") and any(int(x) < 1 for x in d):
+            raise DecodeError("tile_product", f"tile factors must be positive integers, got {list(d)}", lines[i], 1)
     try:
         first = _apply_json(mod, insts, decisions)
     except TVM_ERRORS:

@@ -128,6 +128,17 @@ def test_malformed_scripts_raise_decode_error(matmul_mod, cpu_target, text, cate
     assert info.value.line >= 0 and info.value.column >= 0
 
 
+def test_zero_tile_factor_is_a_decode_error_not_a_crash(matmul_mod, cpu_target):
+    """TVM divides by tile factors: a 0 used to kill the process with SIGFPE."""
+    lines = _valid_script(matmul_mod, cpu_target).split("\n")
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("T "))
+    head, factors = lines[i].rsplit(" ", 1)
+    lines[i] = head + " " + ",".join(["0"] + factors.split(",")[1:])
+    with pytest.raises(DecodeError) as err:
+        decode(matmul_mod, "\n".join(lines[: i + 1] + ["NOPOST"]), cpu_target)
+    assert err.value.category == "tile_product" and err.value.line == i + 1
+
+
 def test_error_positions_point_at_the_line(matmul_mod, cpu_target):
     with pytest.raises(DecodeError) as info:
         decode(matmul_mod, "B matmul\nL b0 3\nT l1 1,2,8\nT l2 2,8,8", cpu_target)
