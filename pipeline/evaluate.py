@@ -161,7 +161,7 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     return out
 
 
-def _baseline(t: Task, outcomes: list[Outcome]) -> float | None:
+def _baseline(outcomes: list[Outcome]) -> float | None:
     xs = [o.baseline_s for o in outcomes if o is not None and o.baseline_s]
     return statistics.median(xs) if xs else None
 
@@ -174,7 +174,7 @@ def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
         for o in r["construction"]:
             counts["construction"][o.stage] += 1
         every = r["construction"] + t.ms_outcomes + [a for x in r["refinement"] for a in x["attempts"]]
-        base = _baseline(t, every)
+        base = _baseline(every)
         best = _best(r["construction"])
         speedup = (base / best.latency_s) if best and base else 1.0
         c_speed.append(speedup)

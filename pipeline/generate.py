@@ -115,6 +115,7 @@ def generate_constrained(model, tokenizer, prompt: str, g: GenerationParams, mod
         used: list[int] = []        # tokens of each accepted line
         backtracks = 0
         best: list[str] = []         # the longest valid prefix met, if the search runs dry
+        ran_dry = False
         while len(lines) < max_lines and sum(used) < g.max_new_tokens:
             if len(options) == len(lines):
                 context = prompt + "".join(line + "\n" for line in lines)
@@ -139,6 +140,7 @@ def generate_constrained(model, tokenizer, prompt: str, g: GenerationParams, mod
                     used.pop()
                     backtracks += 1
                     continue
+                ran_dry = True
                 break
             line, ended, n_tokens = chosen
             if not line:
@@ -147,5 +149,5 @@ def generate_constrained(model, tokenizer, prompt: str, g: GenerationParams, mod
             used.append(n_tokens)
             if ended:
                 break
-        scripts.append("\n".join(lines if len(lines) >= len(best) or chosen is not None else best))
+        scripts.append("\n".join(best if ran_dry and len(best) > len(lines) else lines))
     return scripts

@@ -11,8 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import codec, records
-from pipeline.tvm_env import ms, worker_init
+from pipeline import codec, records, search
 
 
 @dataclass
@@ -31,22 +30,7 @@ def tune(mod, target, trials: int, work_dir: Path, sp, name: str) -> Tuned:
             f.unlink()   # a fresh run: the timing is part of the result
     work_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    ms.tune.tune_tasks(
-        tasks=[ms.TuneContext(
-            mod=mod, target=target, space_generator="post-order-apply",
-            search_strategy=ms.search_strategy.EvolutionarySearch(
-                population_size=sp.population_size, genetic_num_iters=sp.genetic_num_iters),
-            task_name=name, rand_state=sp.seed, num_threads=sp.builder_workers,
-            logger=ms.logging.get_logger(f"little_dragon.evaluate.{name}")).clone()],
-        task_weights=[1.0], work_dir=str(work_dir), max_trials_global=trials, max_trials_per_task=trials,
-        num_trials_per_iter=min(sp.trials_per_iter, trials),
-        builder=ms.builder.LocalBuilder(max_workers=sp.builder_workers, timeout_sec=sp.build_timeout_s,
-                                        initializer=worker_init),
-        runner=ms.runner.LocalRunner(
-            timeout_sec=sp.run_timeout_s, initializer=worker_init,
-            evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=sp.min_repeat_ms)),
-        database=ms.database.JSONDatabase(work_dir=str(work_dir)),
-        task_scheduler="round-robin")
+    search.tune(sp, target, [(name, mod)], work_dir, trials, min(sp.trials_per_iter, trials), logger="evaluate")
     seconds = time.perf_counter() - start
     scripts, lat = [], []
     for ref in records.scan(work_dir):

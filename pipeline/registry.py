@@ -54,10 +54,11 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
     gate decision. Does not move the alias (promote does). Returns {run_id, version, ...}."""
     mlflow = tracking.setup()
     base = models.base_of(model_dir)
+    tags = {"model_label": label, "gate": "passed" if gate["passed"] else "failed",
+            "base_model": base or "none (full model)"}
     with mlflow.start_run(run_name=f"evaluate-{label}") as run:
         tracking.log_to_active_run(params, metrics, curves, artifacts)
-        mlflow.set_tags({"model_label": label, "gate": "passed" if gate["passed"] else "failed",
-                         "base_model": base or "none (full model)"})
+        mlflow.set_tags(tags)
         import pandas as pd
         from mlflow.models import infer_signature
 
@@ -69,8 +70,7 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
         run_id = run.info.run_id
     version = mlflow.register_model(info.model_uri, NAME)
     client = _client()
-    tags = {"model_label": label, "gate": "passed" if gate["passed"] else "failed", "run_id": run_id,
-            "base_model": base or "none (full model)"}
+    tags["run_id"] = run_id
     if not gate["passed"]:
         tags["gate_reasons"] = "; ".join(gate["reasons"])[:4000]
     for k, v in tags.items():

@@ -136,31 +136,37 @@ def record_counts(db_dir: Path) -> dict[str, int]:
     return counts
 
 
-def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar) -> None:
-    tasks, ids = [], []
-    for spec, _, _ in pending:
-        tasks.append(ms.TuneContext(
-            mod=build(spec), target=target, space_generator="post-order-apply",
-            search_strategy=ms.search_strategy.EvolutionarySearch(
-                population_size=p.population_size, genetic_num_iters=p.genetic_num_iters),
-            task_name=spec.id, rand_state=p.seed, num_threads=p.builder_workers,
-            logger=ms.logging.get_logger(f"little_dragon.search.{spec.id}")).clone())
-        ids.append(spec.id)
-    budget = max(r for _, _, r in pending)
+def tune(p: SearchParams, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir: Path, budget: int,
+         trials_per_iter: int, callbacks=(), logger: str = "search") -> None:
+    """MetaSchedule tuning with this stage's settings (evolutionary search, local builder and
+    runner with the worker initializer, round-robin over the tasks), recorded in a
+    JSONDatabase in `work_dir`. The evaluation stage tunes its yardstick with it too."""
+    tasks = [ms.TuneContext(
+        mod=mod, target=target, space_generator="post-order-apply",
+        search_strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=p.population_size, genetic_num_iters=p.genetic_num_iters),
+        task_name=name, rand_state=p.seed, num_threads=p.builder_workers,
+        logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
     ms.tune.tune_tasks(
-        tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=str(shard_dir),
+        tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=str(work_dir),
         max_trials_global=budget * len(tasks), max_trials_per_task=budget,
-        num_trials_per_iter=p.trials_per_iter,
+        num_trials_per_iter=trials_per_iter,
         builder=ms.builder.LocalBuilder(max_workers=p.builder_workers, timeout_sec=p.build_timeout_s,
                                         initializer=worker_init),
         runner=ms.runner.LocalRunner(
             timeout_sec=p.run_timeout_s, initializer=worker_init,
             evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=p.min_repeat_ms)),
-        database=ms.database.JSONDatabase(work_dir=str(shard_dir)),
-        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
-                           _Recorder(str(shard_dir / "errors.jsonl"), ids, bar)],
+        database=ms.database.JSONDatabase(work_dir=str(work_dir)),
+        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), *callbacks],
         task_scheduler="round-robin",
     )
+
+
+def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar) -> None:
+    ids = [spec.id for spec, _, _ in pending]
+    budget = max(r for _, _, r in pending)
+    tune(p, target, [(spec.id, build(spec)) for spec, _, _ in pending], shard_dir, budget, p.trials_per_iter,
+         callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)])
 
 
 def summarize_shard(shard_dir: Path) -> list[dict]:

@@ -162,8 +162,8 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     summary = summarize(reward.log, history)
     report = {"start_model": p.model_dir, "train_seconds": round(seconds, 1), "steps": p.steps,
               "prompts": len(prompts), "checked_scripts": reward.measurer.builds,
-              "cache_entries": len(reward.measurer.cache), "reward_params": asdict(
-                  P.from_dict(RewardParams, p.reward, "rl.reward")), **summary}
+              "cache_entries": len(reward.measurer.cache), "reward_params": asdict(reward.rp),
+              **summary}
     io.write_json(p.report, report)
     plot = str(Path(p.report).with_name("rl_reward.png"))
     _plot(summary, plot)

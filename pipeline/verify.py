@@ -138,8 +138,9 @@ class Checker:
 
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, initializer=worker_init)
-        self._lock_file = tempfile.NamedTemporaryFile(prefix="little-dragon-device-", suffix=".lock")
-        self.lock_path = self._lock_file.name if workers > 1 else None
+        self._lock_file = (tempfile.NamedTemporaryFile(prefix="little-dragon-device-", suffix=".lock")
+                           if workers > 1 else None)
+        self.lock_path = self._lock_file.name if self._lock_file else None
 
     def _submit(self, mod_json: str, text: str, target_spec, seed: int, timed: bool):
         return self.pool.submit(_worker_check, mod_json, text, target_spec, seed, timed, self.lock_path)
