@@ -22,35 +22,35 @@ import sys
 
 
 def _catalog(args) -> int:
-    from pipeline import catalog_stage
+    from pipeline.stages import catalog
 
-    catalog_stage.main(args.params, check=args.verify)
+    catalog.main(args.params, check=args.verify)
     return 0
 
 
 def _search(args) -> int:
-    from pipeline import search
+    from pipeline.stages import search
 
     search.main(args.params, progress=not args.quiet)
     return 0
 
 
 def _codec_report(args) -> int:
-    from pipeline import codec_report
+    from pipeline.stages import codec_report
 
     codec_report.main(args.params)
     return 0
 
 
 def _data(args) -> int:
-    from pipeline import dataset
+    from pipeline.stages import data
 
-    dataset.main(args.params, progress=not args.quiet)
+    data.main(args.params, progress=not args.quiet)
     return 0
 
 
 def _validate(args) -> int:
-    from pipeline import validate
+    from pipeline.stages import validate
 
     try:
         validate.main(args.params)
@@ -61,21 +61,21 @@ def _validate(args) -> int:
 
 
 def _sft(args) -> int:
-    from pipeline import train_sft
+    from pipeline.stages import sft
 
-    train_sft.main(args.params, progress=not args.quiet)
+    sft.main(args.params, progress=not args.quiet)
     return 0
 
 
 def _rl(args) -> int:
-    from pipeline import train_rl
+    from pipeline.stages import rl
 
-    train_rl.main(args.params, progress=not args.quiet)
+    rl.main(args.params, progress=not args.quiet)
     return 0
 
 
 def _evaluate(args) -> int:
-    from pipeline import evaluate
+    from pipeline.stages import evaluate
 
     metrics = evaluate.main(args.params, progress=not args.quiet)
     return 0 if metrics["gate"]["passed"] or not args.fail_on_gate else 1
@@ -122,7 +122,7 @@ def _optimize(args) -> int:
         model_dir = "models/champion"
     try:
         r = optimize.optimize(args.kernel, _target_arg(args.target), args.attempts, model_dir, args.out,
-                              timeout_s=args.timeout)
+                              timeout_s=args.timeout, free=args.free)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon optimize: {err}", file=sys.stderr)
         return 2
@@ -140,7 +140,7 @@ def _optimize(args) -> int:
 
 
 def _bench_records(args) -> int:
-    from pipeline import bench_records
+    from pipeline.bench import records as bench_records
 
     result = bench_records.main(args.records)
     return 0 if result["within_limit"] else 1
@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="model directory (default: models/champion)")
     p.add_argument("--out", default="optimized", help="output folder (default: optimized)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per script check")
+    p.add_argument("--free", action="store_true",
+                   help="sample freely instead of guiding by the kernel's design space (shows the model's own validity)")
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("bench-records", help="benchmark: memory of building examples from 1M records")

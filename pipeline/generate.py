@@ -1,9 +1,18 @@
-"""The generation helper shared by RL, evaluation and the command line:
-kernel (+ script) -> k sampled scripts, with temperature and top-p from params.yaml."""
+"""The generation helper shared by RL, evaluation, the registry's model and `optimize`:
+kernel (+ script) -> k sampled scripts, guided by the kernel's design space by default.
+
+- guided (default): pipeline.guided masks every step to the tokens that keep the script inside
+  the kernel's design space, so each script decodes, applies and is complete by construction.
+  A complete script that a postprocessor still rejects (CUDA shared memory, which the masks do
+  not track) is written again, at most `retries` times per attempt; the retries are counted.
+- free (`guided: false`, `optimize --free`): plain sampling, so the model's own validity
+  stays visible; its figures are reported beside the guided ones.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,12 +22,21 @@ class GenerationParams:
     attempts: int = 4
     temperature: float = 0.8
     top_p: float = 0.95
-    max_new_tokens: int = 384
-    # Line-level constrained decoding with backtracking (generate_constrained); measured by
-    # python -m pipeline.bench_constrained (reports/constrained.json).
-    constrained: bool = True
-    candidates: int = 8        # sampled continuations per line (one batch)
-    backtracks: int = 6        # undo-and-retry budget per script
+    max_new_tokens: int = 1024
+    guided: bool = True        # design-space-guided decoding (pipeline.guided)
+    retries: int = 2           # per attempt: rewrite a complete script that postprocessing rejects
+
+
+@dataclass
+class Written:
+    """What one generation call produced, with the figures the reports need."""
+    scripts: list[list[str]]              # per prompt, `attempts` scripts
+    complete: list[list[bool]] = field(default_factory=list)   # guided: every decision made, EOS at the end
+    tokens: int = 0                       # tokens generated (all attempts, retries included)
+    seconds: float = 0.0
+    retries: int = 0
+    mask_seconds: float = 0.0
+    token_ids: list[list[list[int]]] = field(default_factory=list)  # per prompt, per attempt (RL trains on these)
 
 
 def clean(completion: str) -> str:
@@ -26,128 +44,78 @@ def clean(completion: str) -> str:
     return completion.split("\n\n")[0].strip("\n ")
 
 
+def _sample(model, tokenizer, prompt: str, n: int, g: GenerationParams, processor=None):
+    enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
+    kw = dict(do_sample=True, max_new_tokens=g.max_new_tokens, num_return_sequences=n,
+              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    if processor is None:
+        kw.update(temperature=g.temperature, top_p=g.top_p, top_k=0)
+    else:   # the processor masks first, then applies temperature and top-p itself
+        processor.prompt_len = enc["input_ids"].shape[1]
+        kw.update(temperature=1.0, top_p=1.0, top_k=0, logits_processor=[processor])
+    seqs = model.generate(**enc, **kw)
+    new = seqs[:, enc["input_ids"].shape[1]:]
+    ids = []
+    for row in new.tolist():
+        cut = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        ids.append([t for t in row[:cut] if t != tokenizer.pad_token_id or t == tokenizer.eos_token_id])
+    return ids
+
+
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: int = 0) -> list[list[str]]:
-    """For each prompt, `g.attempts` sampled scripts."""
+def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: int = 0,
+             kernels: list | None = None) -> Written:
+    """`g.attempts` scripts per prompt. `kernels[i]` = (mod, target) of prompt i; required
+    when `g.guided`."""
+    from pipeline import guided
+
     torch.manual_seed(seed)
     model.eval()
-    out: list[list[str]] = []
-    for prompt in prompts:
-        enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
-        seqs = model.generate(
-            **enc, do_sample=True, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens,
-            num_return_sequences=g.attempts, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        texts = tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        out.append([clean(t) for t in texts])
+    start = time.perf_counter()
+    out = Written([], [], token_ids=[])
+    vocab = guided.vocab_for(tokenizer) if g.guided else None
+    for i, prompt in enumerate(prompts):
+        if not g.guided:
+            ids = _sample(model, tokenizer, prompt, g.attempts, g)
+            out.tokens += sum(len(x) for x in ids)
+            out.token_ids.append(ids)
+            out.scripts.append([clean(tokenizer.decode(x, skip_special_tokens=True)) for x in ids])
+            out.complete.append([None] * g.attempts)
+            continue
+        mod, target = kernels[i]
+        templates = guided.make_templates(mod, target)
+        scripts, complete, token_ids = [None] * g.attempts, [False] * g.attempts, [[] for _ in range(g.attempts)]
+        todo = list(range(g.attempts))
+        for round_ in range(g.retries + 1):
+            if not todo:
+                break
+            cons = [guided.ScriptConstraint(mod, target, vocab, templates) for _ in todo]
+            proc = guided.GuidedLogits(cons, 0, g.temperature, g.top_p)
+            ids = _sample(model, tokenizer, prompt, len(todo), g, proc)
+            out.mask_seconds += proc.mask_seconds
+            out.tokens += sum(len(x) for x in ids)
+            retry = []
+            for k, c, x in zip(todo, cons, ids):
+                c.close()
+                text = clean(tokenizer.decode(x, skip_special_tokens=True))
+                scripts[k], complete[k], token_ids[k] = text, c.complete, x
+                if c.complete and round_ < g.retries and not _postprocesses(mod, text, target):
+                    retry.append(k)
+            out.retries += len(retry)
+            todo = retry
+        out.scripts.append(scripts)
+        out.complete.append(complete)
+        out.token_ids.append(token_ids)
+    out.seconds = time.perf_counter() - start
     return out
 
 
-def _valid_prefix(mod, target, lines: list[str]) -> bool:
-    """The script so far parses, references only defined names, keeps categorical indices in
-    range, and applies with tile factors that multiply to the loop extents (no postprocessing)."""
+def _postprocesses(mod, text: str, target) -> bool:
+    """Whether the target's postprocessors accept a complete guided script (decode runs them)."""
     from pipeline import codec
 
     try:
-        codec.decode(mod, "\n".join(lines + ["NOPOST"]), target)
+        codec.decode(mod, text, target)
         return True
     except codec.DecodeError:
         return False
-
-
-@torch.no_grad()
-def _line_candidates(model, tokenizer, enc, g: GenerationParams, n: int, max_tokens: int, stop_ids: list[int]):
-    """n sampled continuations up to the end of the line, as (line, ended, tokens, log-likelihood),
-    distinct lines only, most likely first."""
-    out = model.generate(**enc, do_sample=True, temperature=g.temperature, top_p=g.top_p, max_new_tokens=max_tokens,
-                         num_return_sequences=n, pad_token_id=tokenizer.pad_token_id, eos_token_id=stop_ids,
-                         output_scores=True, return_dict_in_generate=True)
-    new = out.sequences[:, enc["input_ids"].shape[1]:]
-    scores = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-    seen, cands = set(), []
-    for i in range(new.shape[0]):
-        ids = new[i].tolist()
-        keep = [t for t in ids if t != tokenizer.pad_token_id]
-        text = tokenizer.decode(keep, skip_special_tokens=True)
-        line = text.split("\n")[0].strip()
-        ended = tokenizer.eos_token_id in keep
-        if line in seen:
-            continue
-        seen.add(line)
-        finite = scores[i][torch.isfinite(scores[i])]
-        cands.append((line, ended, len(keep), float(finite.sum())))
-    return sorted(cands, key=lambda c: -c[3])
-
-
-def _options(model, tokenizer, context: str, g: GenerationParams, n: int, max_tokens: int, stop_ids):
-    """Candidates for the next line: a batch at the sampling temperature, then (only if those
-    are used up) a hotter batch for alternatives the model finds unlikely."""
-    enc = tokenizer(context, return_tensors="pt", add_special_tokens=False).to(model.device)
-    seen = set()
-    for temperature, top_p in ((g.temperature, g.top_p), (1.25 * g.temperature, 1.0)):
-        hot = GenerationParams(g.attempts, temperature, top_p, g.max_new_tokens, g.constrained, n, 0)
-        for cand in _line_candidates(model, tokenizer, enc, hot, n, max_tokens, stop_ids):
-            if not cand[0] and temperature != g.temperature:
-                continue    # ending the script is the model's call, not the hot batch's
-            if cand[0] not in seen:
-                seen.add(cand[0])
-                yield cand
-
-
-@torch.no_grad()
-def generate_constrained(model, tokenizer, prompt: str, g: GenerationParams, mod, target,
-                         max_lines: int = 200, seed: int = 0) -> list[str]:
-    """Line-level constrained sampling with backtracking (beyond the paper).
-
-    For each line, `g.candidates` continuations are sampled in one batch and tried most likely
-    first; a line is kept only if the script so far still decodes and applies (names defined,
-    tile products, categorical ranges). When no candidate fits, the previous line is undone and
-    its next candidate tried (a valid prefix can still lead nowhere, e.g. a skipped block),
-    at most `g.backtracks` times per script. The model ends a script with an empty line or
-    the end-of-sequence token; a script that runs out of options ends where it is (valid).
-    One script per attempt."""
-    torch.manual_seed(seed)
-    model.eval()
-    stop_ids = [tokenizer.eos_token_id] + [i for t, i in tokenizer.get_vocab().items() if "\u010a" in t or "\n" in t]
-    scripts = []
-    for _ in range(g.attempts):
-        lines: list[str] = []
-        options: list = []          # per depth: an iterator over that prefix's candidates
-        used: list[int] = []        # tokens of each accepted line
-        backtracks = 0
-        best: list[str] = []         # the longest valid prefix met, if the search runs dry
-        ran_dry = False
-        while len(lines) < max_lines and sum(used) < g.max_new_tokens:
-            if len(options) == len(lines):
-                context = prompt + "".join(line + "\n" for line in lines)
-                options.append(_options(model, tokenizer, context, g, g.candidates,
-                                        min(48, g.max_new_tokens - sum(used)), stop_ids))
-            chosen = None
-            for line, ended, n_tokens, _ in options[-1]:
-                if not line:
-                    if lines:
-                        chosen = ("", True, 0)
-                        break
-                    continue
-                if _valid_prefix(mod, target, lines + [line]):
-                    chosen = (line, ended, n_tokens)
-                    break
-            if len(lines) > len(best):
-                best = list(lines)
-            if chosen is None:
-                if lines and backtracks < g.backtracks:
-                    options.pop()
-                    lines.pop()
-                    used.pop()
-                    backtracks += 1
-                    continue
-                ran_dry = True
-                break
-            line, ended, n_tokens = chosen
-            if not line:
-                break
-            lines.append(line)
-            used.append(n_tokens)
-            if ended:
-                break
-        scripts.append("\n".join(best if ran_dry and len(best) > len(lines) else lines))
-    return scripts

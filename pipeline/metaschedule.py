@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import codec, records, search
+from pipeline import codec, records
+from pipeline.stages import search
 
 
 @dataclass

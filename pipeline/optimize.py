@@ -15,7 +15,7 @@ import runpy
 import time
 from pathlib import Path
 
-from pipeline import io
+from pipeline import files
 from pipeline.verify import STAGES
 
 
@@ -80,11 +80,11 @@ def load_kernel(path: str | Path):
 
 
 def optimize(kernel_path: str, target_spec, attempts: int, model_dir: str, out_dir: str,
-             timeout_s: float = 60.0, progress: bool = True) -> dict:
+             timeout_s: float = 60.0, progress: bool = True, free: bool = False) -> dict:
     from pipeline import codec, models
-    from pipeline.dataset import construction_prompt
+    from pipeline.prompts import construction_prompt
     from pipeline.describe import describe
-    from pipeline.generate import GenerationParams, generate, generate_constrained
+    from pipeline.generate import GenerationParams, generate
     from pipeline.tvm_env import Schedule, make_target
     from pipeline.verify import Checker
 
@@ -92,10 +92,9 @@ def optimize(kernel_path: str, target_spec, attempts: int, model_dir: str, out_d
     target = make_target(target_spec)
     model, tok = models.load(model_dir)
     prompt = construction_prompt(describe(mod), target.kind.name)
-    g = GenerationParams(attempts=attempts)
+    g = GenerationParams(attempts=attempts, guided=not free)
     start = time.perf_counter()
-    scripts = (generate_constrained(model, tok, prompt, g, mod, target) if g.constrained
-               else generate(model, tok, [prompt], g)[0])
+    scripts = generate(model, tok, [prompt], g, kernels=[(mod, target)]).scripts[0]
     gen_s = time.perf_counter() - start
     outcomes = Checker(timeout_s=timeout_s, workers=2).check_many(mod, scripts, target_spec, timed=True)
     counts = {s: 0 for s in STAGES}
@@ -103,7 +102,7 @@ def optimize(kernel_path: str, target_spec, attempts: int, model_dir: str, out_d
         counts[o.stage] += 1
     ok = [(o, s) for o, s in zip(outcomes, scripts) if o.correct and o.latency_s]
     result = {"kernel": str(kernel_path), "target": str(target), "model": str(model_dir), "attempts": attempts,
-              "outcomes": counts, "seconds": round(time.perf_counter() - start, 2),
+              "decoding": "free" if free else "guided", "outcomes": counts, "seconds": round(time.perf_counter() - start, 2),
               "generation_seconds": round(gen_s, 2), "verified": bool(ok)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,9 +110,9 @@ def optimize(kernel_path: str, target_spec, attempts: int, model_dir: str, out_d
         best, script = min(ok, key=lambda x: x[0].latency_s)
         sch = Schedule(mod, debug_mask=0)
         codec.decode(mod, script, target).apply_to_schedule(sch, remove_postproc=False)
-        io.write_text_atomic(out / "best.script", script + "\n")
-        io.write_text_atomic(out / "scheduled.py", sch.mod.script())
+        files.write_text_atomic(out / "best.script", script + "\n")
+        files.write_text_atomic(out / "scheduled.py", sch.mod.script())
         result.update({"latency_s": best.latency_s, "baseline_s": best.baseline_s, "speedup": best.speedup,
                        "script": str(out / "best.script"), "scheduled": str(out / "scheduled.py")})
-    io.write_text_atomic(out / "result.json", json.dumps(result, indent=2) + "\n")
+    files.write_text_atomic(out / "result.json", json.dumps(result, indent=2) + "\n")
     return result

@@ -24,12 +24,9 @@ import threading
 from dataclasses import dataclass, field
 
 from pipeline import params as P
-from pipeline.dataset import PROMPT_BETTER
+from pipeline.prompts import is_refinement, source_script
 from pipeline.verify import Checker, Outcome
 from pipeline.workloads import Spec, build
-
-CURRENT = "### current script ("
-
 
 @dataclass
 class RewardParams:
@@ -53,14 +50,6 @@ class RewardParams:
         P.require(self.penalties["decode"] + self.decode_progress < self.penalties["apply"],
                   "decode + decode_progress must stay below the apply penalty")
         P.require(-self.bonus_floor > values[-1], "bonus_floor must keep every correct kernel above wrong numbers")
-
-
-def source_script(prompt: str) -> str | None:
-    """The script a refinement prompt gives, or None for a construction prompt."""
-    if CURRENT not in prompt:
-        return None
-    body = prompt.split(CURRENT, 1)[1].split("\n", 1)[1]
-    return body.rsplit("\n" + PROMPT_BETTER, 1)[0]
 
 
 def _text(completion) -> str:
@@ -161,7 +150,7 @@ class ShapedReward:
             scored = self.scores(prompts, completions, workload)
             self.step += 1
             for s, w, p in zip(scored, workload, prompts):
-                self.log.append({"step": self.step, "workload": w, "task": "refinement" if CURRENT in str(p)
+                self.log.append({"step": self.step, "workload": w, "prompt": hash(str(p)) & 0xFFFFFFFF, "task": "refinement" if is_refinement(str(p))
                                  else "construction", "stage": s.stage, "correctness": s.correctness,
                                  "speed": s.speed, "speedup_vs_baseline": s.speedup_vs_baseline,
                                  "speedup_vs_source": s.speedup_vs_source})

@@ -1,8 +1,8 @@
 """Shared by tests: a tiny model trained for real on scripts of one small workload."""
 
-from pipeline import train_sft
+from pipeline.stages import sft as train_sft
 from pipeline.codec import encode
-from pipeline.dataset import construction_prompt
+from pipeline.prompts import construction_prompt
 from pipeline.describe import describe
 from pipeline.params import from_dict
 from pipeline.space import sample_many

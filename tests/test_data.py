@@ -3,9 +3,11 @@
 import pandas as pd
 import pytest
 
-from pipeline import dataset, records, validate
+from pipeline import records
+from pipeline.stages import data as dataset
+from pipeline.stages import validate
 from pipeline.params import from_dict
-from pipeline.search import SearchParams, run_search
+from pipeline.stages.search import SearchParams, run_search
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 
@@ -116,7 +118,7 @@ def test_sample_pairs_exact_and_bounded():
 
 
 def test_streaming_benchmark_on_synthetic_records():
-    from pipeline import bench_records
+    from pipeline.bench import records as bench_records
 
     result = bench_records.run(20_000)
     assert result["records"] == 20_000

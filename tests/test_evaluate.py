@@ -6,7 +6,7 @@ import pytest
 
 from helpers import SPEC, tiny_model
 
-from pipeline import evaluate
+from pipeline.stages import evaluate
 from pipeline.cli import main
 from pipeline.verify import Outcome
 

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from pipeline.codec import encode
-from pipeline.reward import Measurer, RewardParams, ShapedReward, score, source_script
+from pipeline.prompts import source_script
+from pipeline.reward import Measurer, RewardParams, ShapedReward, score
 from pipeline.space import sample_many
 from pipeline.verify import Outcome
 from pipeline.workloads import Spec, build

@@ -7,7 +7,8 @@ import pytest
 
 from helpers import SPEC, tiny_model
 
-from pipeline import models, train_rl
+from pipeline import models
+from pipeline.stages import rl as train_rl
 from pipeline.params import ParamsError, from_dict
 
 

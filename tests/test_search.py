@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from pipeline import io
+from pipeline import files
 from pipeline.params import ParamsError, from_dict
-from pipeline.search import SearchParams, record_counts, run_search, select_workloads
+from pipeline.stages.search import SearchParams, record_counts, run_search, select_workloads
 
 
 def _params(tmp_path, **over):
@@ -36,7 +36,7 @@ def test_search_records_every_candidate_and_resumes(tmp_path):
 def test_failed_builds_are_data_not_crashes(tmp_path):
     p = _params(tmp_path, build_timeout_s=0.001)
     summary = run_search(p, progress=False)
-    errors = list(io.read_jsonl(tmp_path / "search" / "shard-0000" / "errors.jsonl"))
+    errors = list(files.read_jsonl(tmp_path / "search" / "shard-0000" / "errors.jsonl"))
     assert errors and all(e["stage"] == "build" for e in errors)
     assert errors[0]["trace"][0][0][0] == "GetSBlock"  # the failed candidate's trace is kept
     assert summary["failed_trials"] == summary["trials"] >= 1

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline import train_sft
+from pipeline.stages import sft as train_sft
 from pipeline.generate import GenerationParams, clean, generate
 from pipeline.params import ParamsError, from_dict
 

@@ -2,7 +2,7 @@ import collections
 
 import pytest
 
-from pipeline.catalog_stage import verify
+from pipeline.stages.catalog import verify
 from pipeline.tvm_env import structural_hash
 from pipeline.workloads import FAMILIES, Spec, UnknownWorkload, build, catalog, held_out_hashes
 

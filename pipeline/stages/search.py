@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import io, params as P, records
+from pipeline import files, params as P, records
 from pipeline.measure import measure_baseline
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm, worker_init
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
@@ -122,7 +122,7 @@ class _Recorder(ms.measure_callback.PyMeasureCallback):
             elif ran.error_msg:
                 stage, message = "run", ran.error_msg
             if stage:
-                io.append_jsonl(self.errors_path, {
+                files.append_jsonl(self.errors_path, {
                     "workload": self.task_ids[task_id], "stage": stage, "error": str(message)[-2000:],
                     "trace": trace_to_json(cand.sch.trace)})
         self.bar.update(len(measure_candidates))
@@ -207,7 +207,7 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
         shard_dir = work / f"shard-{i:04d}"
         shard_dir.mkdir(exist_ok=True)
         entries = [{**s.to_json(), "hash": structural_hash(build(s)), "target": p.target} for s in shard]
-        io.write_json(shard_dir / "workloads.json", entries)
+        files.write_json(shard_dir / "workloads.json", entries)
         counts = record_counts(shard_dir)
         pending = [(s, e["hash"], p.trials_per_workload - counts.get(e["hash"], 0))
                    for s, e in zip(shard, entries) if counts.get(e["hash"], 0) < p.trials_per_workload]
@@ -224,7 +224,7 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
             if spec.id not in baselines:
                 t = measure_baseline(build(spec), target)
                 baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
-        io.write_json(baselines_path, baselines)
+        files.write_json(baselines_path, baselines)
     bar.close()
     rows = [r for shard_dir, _, _ in plan for r in summarize_shard(shard_dir)]
     speedups = [r["speedup"] for r in rows if r.get("speedup")]
@@ -237,7 +237,7 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
         "speedup_geomean_vs_baseline": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
         "per_workload": rows,
     }
-    io.write_json(p.report, summary)
+    files.write_json(p.report, summary)
     return summary
 
 

@@ -22,15 +22,16 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import io, params as P, records
-from pipeline.dataset import construction_prompt, refinement_prompt
+from pipeline import files, params as P, records
+from pipeline.prompts import construction_prompt, refinement_prompt
 from pipeline.describe import describe
-from pipeline.reward import Measurer, source_script
+from pipeline.prompts import source_script
+from pipeline.reward import Measurer
 from pipeline.verify import STAGES, Outcome
 
 DEFAULT_GATES = {"min_construction_correctness": 0.90, "min_refinement_correctness": 0.90,
@@ -53,6 +54,7 @@ class EvalParams:
     metrics: str = "reports/metrics.json"
     report: str = "reports/evaluation.md"
     register: bool = True
+    free_sampling: bool = True                # also sample the candidate freely, reported beside guided
     gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
 
     def __post_init__(self):
@@ -98,7 +100,7 @@ def te_module(item: str):
 def make_tasks(p: EvalParams, specs: dict, target) -> list[Task]:
     from pipeline.workloads import Spec, build
 
-    rows = list(io.read_jsonl(Path(p.dataset_dir) / "test.jsonl"))
+    rows = list(files.read_jsonl(Path(p.dataset_dir) / "test.jsonl"))
     if not rows:
         raise FileNotFoundError(f"no test examples in {p.dataset_dir}/test.jsonl: run `little-dragon data` first")
     tasks: dict[str, Task] = {}
@@ -137,28 +139,43 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
 
 def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measurer, target, seed: int,
               progress: bool) -> dict:
+    """K scripts per construction prompt and per refinement prompt, each checked and timed.
+    With `g.guided` (the default) every script comes from the kernel's design space."""
     from pipeline import models
-    from pipeline.generate import generate, generate_constrained
+    from pipeline.generate import generate
 
     model, tok = models.load(model_dir)
-
-    def sample(prompt, mod):
-        if g.constrained:
-            return generate_constrained(model, tok, prompt, g, mod, target, seed=seed)
-        return generate(model, tok, [prompt], g, seed=seed)[0]
-
     out = {}
-    for t in tqdm(tasks, desc=f"evaluate {label}", disable=not progress):
+    mode = "guided" if g.guided else "free"
+    for t in tqdm(tasks, desc=f"evaluate {label} ({mode})", disable=not progress):
         start = time.perf_counter()
-        scripts = sample(t.prompt, t.mod)
-        cons = measurer.measure([(t.key, s) for s in scripts])
+        w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)])
+        cons = measurer.measure([(t.key, s) for s in w.scripts[0]])
         seconds = time.perf_counter() - start
-        refs = []
+        refs, complete, tokens, gen_s, retries = [], list(w.complete[0]), w.tokens, w.seconds, w.retries
         for prompt, src in t.refinements:
-            outs = measurer.measure([(t.key, s) for s in sample(prompt, t.mod)])
-            refs.append({"source": measurer.measure([(t.key, src)])[0], "attempts": outs})
-        out[t.key] = {"construction": cons, "seconds": seconds, "refinement": refs, "scripts": scripts}
+            wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)])
+            outs = measurer.measure([(t.key, s) for s in wr.scripts[0]])
+            refs.append({"source": measurer.measure([(t.key, src)])[0], "attempts": outs, "complete": wr.complete[0]})
+            tokens, gen_s, retries = tokens + wr.tokens, gen_s + wr.seconds, retries + wr.retries
+        out[t.key] = {"construction": cons, "seconds": seconds, "refinement": refs, "scripts": w.scripts[0],
+                      "complete": complete, "tokens": tokens, "generation_seconds": gen_s, "retries": retries}
     return out
+
+
+def decoding_figures(res: dict) -> dict:
+    """Completeness (guided: every decision of the sketch made, then EOS), tokens, time, retries."""
+    c = [x for r in res.values() for x in r["complete"]]
+    rc = [x for r in res.values() for ref in r["refinement"] for x in ref["complete"]]
+    tokens = sum(r["tokens"] for r in res.values())
+    secs = sum(r["generation_seconds"] for r in res.values())
+    known = [x for x in c + rc if x is not None]
+    return {"complete_share": (sum(known) / len(known)) if known else None,
+            "construction_complete": sum(bool(x) for x in c), "construction_attempts": len(c),
+            "refinement_complete": sum(bool(x) for x in rc), "refinement_attempts": len(rc),
+            "tokens": tokens, "generation_seconds": round(secs, 2),
+            "tokens_per_second": round(tokens / secs, 1) if secs else None,
+            "postproc_retries": sum(r["retries"] for r in res.values())}
 
 
 def _baseline(outcomes: list[Outcome]) -> float | None:
@@ -328,6 +345,19 @@ def write_markdown(metrics: dict, path: str) -> None:
                      f"{_fmt(m['construction']['speedup_geomean'])} | {_fmt(m['refinement']['speedup_geomean'])} | "
                      f"{_fmt(m['refinement']['speedup_vs_source_geomean'])} | {_fmt(m['vs_metaschedule']['latency_ratio'])} | "
                      f"{_fmt(m['vs_metaschedule']['latency_ratio_full_budget'])} |")
+    lines += ["", "## Decoding", "", "| model | mode | complete scripts | postproc retries | tokens | tokens/s |",
+              "|---|---|---|---|---|---|"]
+    for label, m in metrics["models"].items():
+        d = m.get("decoding", {})
+        lines.append(f"| {label} | {d.get('mode')} | {d.get('construction_complete', 0) + d.get('refinement_complete', 0)}/"
+                     f"{d.get('construction_attempts', 0) + d.get('refinement_attempts', 0)} | {d.get('postproc_retries')} | "
+                     f"{d.get('tokens')} | {d.get('tokens_per_second')} |")
+    fs = metrics.get("free_sampling")
+    if fs:
+        lines += ["", f"Free sampling ({fs['model']}, same prompts, same checker): construction correctness "
+                  f"{_fmt(fs['construction']['correctness'])} (failures {fs['construction']['failures_by_stage']}), "
+                  f"refinement {_fmt(fs['refinement']['correctness'])} (failures {fs['refinement']['failures_by_stage']}); "
+                  f"{fs['decoding']['tokens_per_second']} tokens/s."]
     if "rl_vs_sft" in metrics:
         r = metrics["rl_vs_sft"]
         lines += ["", f"RL vs SFT: RL's best kernel faster on {r['construction_wins']} of {r['construction_tasks']} "
@@ -350,14 +380,14 @@ def write_markdown(metrics: dict, path: str) -> None:
             lines.append(f"- {r['label']}: version {r['version']} (run {r['run_id']}), gate "
                          f"{'passed' if r['gate']['passed'] else 'failed'}")
         lines.append(f"- champion: {metrics['registry']['champion']}")
-    io.write_text_atomic(path, "\n".join(lines) + "\n")
+    files.write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     import yaml
 
     from pipeline.generate import GenerationParams
-    from pipeline.search import SearchParams
+    from pipeline.stages.search import SearchParams
     from pipeline.tvm_env import make_target
 
     p = P.load("evaluate", EvalParams, params_path)
@@ -382,12 +412,23 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
     for label, m in per_model.items():
         m["gate"] = gate(m, p.gates)
+        m["decoding"] = {"mode": "guided" if g.guided else "free", **decoding_figures(results[label])}
+    # The model's own validity, beside the guided figures: the candidate sampled freely.
+    free_sampling = None
+    if g.guided and p.free_sampling:
+        free = run_model(p.candidate, p.models[p.candidate], tasks, replace(g, guided=False), measurer, target,
+                         p.seed, progress)
+        fm = model_metrics(free, tasks, p.attempts)
+        free_sampling = {"model": p.candidate, **{k: {kk: fm[k][kk] for kk in ("correctness", "attempts", "failures_by_stage")}
+                                                  for k in ("construction", "refinement")},
+                         "decoding": decoding_figures(free)}
     cand = per_model[p.candidate]
     metrics = {"candidate": p.candidate, "attempts": p.attempts, "metaschedule_trials": trials,
                "tasks": {"test": sum(t.source == "test" for t in tasks),
                          "te_workload": sum(t.source == "te_workload" for t in tasks)},
                **{k: cand[k] for k in ("construction", "refinement", "vs_metaschedule")},
-               "gate": cand["gate"], "gates": p.gates, "models": per_model,
+               "gate": cand["gate"], "gates": p.gates, "decoding": cand["decoding"],
+               "free_sampling": free_sampling, "models": per_model,
                "samples": {label: {t.key: results[label][t.key]["scripts"][:2] for t in tasks} for label in labels}}
     if "rl" in results and "sft" in results:
         metrics["rl_vs_sft"] = rl_vs_sft(results["rl"], results["sft"], tasks)
@@ -395,7 +436,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     plots = _plots(metrics, labels, Path(p.metrics).parent)
     if p.register:
         metrics["registry"] = register_all(p, metrics, labels, plots)
-    io.write_json(p.metrics, metrics)
+    files.write_json(p.metrics, metrics)
     write_markdown(metrics, p.report)
     c = metrics["construction"]
     print(f"evaluate: {p.candidate}: construction correctness {_fmt(c['correctness'])}, refinement "

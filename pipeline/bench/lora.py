@@ -2,7 +2,7 @@
 weights: no checkpoint can be downloaded), bf16 with gradient checkpointing, as the SFT
 stage configures for a pretrained base. Reports peak GPU memory and tokens per second.
 
-    python -m pipeline.bench_lora --steps 12 --batch 4 --seq 1024 --out reports/bench_lora_h200.json
+    python -m pipeline.bench.lora --steps 12 --batch 4 --seq 1024 --out reports/bench_lora_h200.json
 
 This is the training step itself (PEFT LoRA on all linear layers + AdamW), timed with CUDA
 synchronisation after warm-up steps; the data pipeline is not part of the figure.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from pipeline import io, params as P
+from pipeline import files, params as P
 from pipeline.tvm_env import structural_hash
 from pipeline.workloads import build, catalog, held_out_hashes
 
@@ -55,10 +55,10 @@ def verify(specs, progress: bool = True) -> dict:
 def main(params_path: str = "params.yaml", check: bool = False) -> None:
     p = P.load("catalog", CatalogParams, params_path)
     specs = catalog(p.seed)
-    io.write_jsonl(p.output, (s.to_json() for s in specs))
+    files.write_jsonl(p.output, (s.to_json() for s in specs))
     print(f"catalog: {len(specs)} workloads -> {p.output}")
     if check:
         report = verify(specs)
-        io.write_json(p.report, report)
+        files.write_json(p.report, report)
         print(f"catalog: {report['distinct_structural_hashes']} distinct structural hashes, "
               f"{len(report['held_out_collisions'])} held-out collisions -> {p.report}")

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import io, params as P, records, tracking
+from pipeline import files, params as P, records, tracking
 
 SCRATCH_NOTE = "from scratch"
 
@@ -59,7 +59,7 @@ class SFTParams:
 
 
 def _rows(path: Path) -> list[dict]:
-    return list(io.read_jsonl(path)) if path.exists() else []
+    return list(files.read_jsonl(path)) if path.exists() else []
 
 
 def make_tokenizer(p: SFTParams, texts: list[str]):
@@ -157,7 +157,7 @@ def per_attempt_correctness(model, tokenizer, rows: list[dict], specs: dict[str,
     """ANCHORS.md's per-attempt correctness, with the failure breakdown by stage."""
     from tqdm import tqdm
 
-    from pipeline.generate import GenerationParams, generate, generate_constrained
+    from pipeline.generate import GenerationParams, generate
     from pipeline.tvm_env import make_target
     from pipeline.verify import STAGES, Checker
     from pipeline.workloads import Spec, build
@@ -171,8 +171,7 @@ def per_attempt_correctness(model, tokenizer, rows: list[dict], specs: dict[str,
         samples = []
         for r in tqdm(chosen, desc=f"eval {task}", disable=not progress):
             mod = build(Spec.from_json(specs[r["workload"]]))
-            scripts = (generate_constrained(model, tokenizer, r["prompt"], g, mod, target, seed=p.seed)
-                       if g.constrained else generate(model, tokenizer, [r["prompt"]], g, seed=p.seed)[0])
+            scripts = generate(model, tokenizer, [r["prompt"]], g, seed=p.seed, kernels=[(mod, target)]).scripts[0]
             for text in scripts:
                 outcome = checker.check(mod, text, target_spec)
                 counts[outcome.stage] += 1
@@ -230,7 +229,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
               "train_examples": len(train_rows), "corpus_scripts": len(corpus),
               "final_loss": history[-1][2] if history else None, "validation": evaluation,
               "history": [list(h) for h in history]}
-    io.write_json(p.report, report)
+    files.write_json(p.report, report)
     plot = str(Path(p.report).with_name("sft_loss.png"))
     _plot(history, plot)
     metrics = {"construction_correctness": evaluation["construction"]["correctness"],
@@ -238,7 +237,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
                "train_seconds": train_s, "parameters": n_params}
     curves = [(f"{phase}_loss", step, loss) for phase, step, loss in history]
     report["mlflow_run_id"] = tracking.log_run("sft", asdict(p), metrics, curves, [p.report, plot])
-    io.write_json(p.report, report)
+    files.write_json(p.report, report)
     print(f"sft: {n_params/1e6:.1f}M parameters, {train_s:.0f} s training; per-attempt correctness on validation: "
           f"construction {evaluation['construction']['correctness']}, refinement {evaluation['refinement']['correctness']}"
           f" -> {out}, {p.report}")

@@ -28,14 +28,13 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
-from pipeline import codec, io, params as P, records
+from pipeline import codec, files, params as P, records
 from pipeline.describe import describe
+from pipeline.prompts import construction_prompt, refinement_prompt
 from pipeline.space import SpaceError, sample_many
 from pipeline.tvm_env import make_target, structural_hash
 from pipeline.workloads import Spec, build, catalog, held_out_hashes
 
-PROMPT_SCRIPT = "### script\n"
-PROMPT_BETTER = "### faster script\n"
 
 
 @dataclass
@@ -56,15 +55,6 @@ class DataParams:
         P.require(self.min_speedup >= 1.0, "min_speedup must be >= 1.0 (a target faster than its source)")
         P.require(self.top_k_construction >= 1, "top_k_construction must be >= 1")
         P.require(0 <= self.val_fraction < 0.5 and 0 <= self.test_fraction < 0.5, "split fractions must be in [0, 0.5)")
-
-
-def construction_prompt(description: str, target_name: str) -> str:
-    return f"target: {target_name}\n{description}\n{PROMPT_SCRIPT}"
-
-
-def refinement_prompt(description: str, target_name: str, script: str, speedup_vs_baseline: float) -> str:
-    return (f"target: {target_name}\n{description}\n### current script ({speedup_vs_baseline:.2f}x baseline)\n"
-            f"{script}\n{PROMPT_BETTER}")
 
 
 def assign_splits(workload_ids: list[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, str]:
@@ -246,10 +236,10 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     corpus = build_corpus(p, eval_hashes, target_spec, progress)
     out = Path(p.output_dir)
     for split in ("train", "val", "test"):
-        io.write_jsonl(out / f"{split}.jsonl", (r for r in rows if r["split"] == split))
-    io.write_jsonl(out / "corpus.jsonl", corpus)
+        files.write_jsonl(out / f"{split}.jsonl", (r for r in rows if r["split"] == split))
+    files.write_jsonl(out / "corpus.jsonl", corpus)
     summary = summarize(rows, stats, corpus, p)
-    io.write_json(p.report, summary)
+    files.write_json(p.report, summary)
     _plot(rows, str(Path(p.report).with_suffix(".png")))
     _write_markdown(summary, str(Path(p.report).with_suffix(".md")))
     print(f"data: {summary['examples']} examples {summary['by_split']}, {len(corpus)} corpus scripts -> {out}")
@@ -269,4 +259,4 @@ def _write_markdown(s: dict, path: str) -> None:
         lines += ["", f"Refinement pairs: target at least {s['min_speedup']}x faster than source; "
                   f"median {r['median']:.2f}x, max {r['max']:.1f}x.", ""]
     lines += ["![speedups and script lengths](data.png)", ""]
-    io.write_text_atomic(path, "\n".join(lines))
+    files.write_text_atomic(path, "\n".join(lines))

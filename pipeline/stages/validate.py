@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import codec, io, params as P, records
+from pipeline import codec, files, params as P, records
 from pipeline.tvm_env import make_target
 from pipeline.workloads import Spec, build
 
@@ -176,7 +176,7 @@ def main(params_path: str = "params.yaml") -> dict:
     bad = failures(described)
     report = {"success": not bad, "examples": len(df), "failed_expectations": bad,
               "statistics": described.get("validation_results", [{}])[0].get("statistics")}
-    io.write_json(p.report, report)
+    files.write_json(p.report, report)
     if bad:
         raise ValidationFailed("data validation failed:\n  " + "\n  ".join(bad) + f"\n(details: {p.report}, {p.docs_dir}/index.html)")
     print(f"validate: {len(df)} examples, all expectations met -> {p.report}, {p.docs_dir}/index.html")

@@ -2,7 +2,7 @@
 on validation prompts. Per-attempt correctness (the full verifier: decode, apply, postproc,
 build, run, numerics) and generation wall time, both modes on the same prompts.
 
-    python -m pipeline.bench_constrained [--prompts 3] [--out reports/constrained.json]
+    python -m pipeline.bench.constrained [--prompts 3] [--out reports/constrained.json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import yaml
 def run(params_path: str, n_prompts: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline import io, params as P, records, train_sft
+    from pipeline import files, params as P, records
+    from pipeline.stages import sft as train_sft
     from pipeline.generate import GenerationParams, generate, generate_constrained
     from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
@@ -28,7 +29,7 @@ def run(params_path: str, n_prompts: int) -> dict:
     p = P.from_dict(train_sft.SFTParams, raw["sft"], "sft")
     model = AutoModelForCausalLM.from_pretrained(p.output_dir)
     tok = AutoTokenizer.from_pretrained(p.output_dir)
-    val = list(io.read_jsonl(Path(p.dataset_dir) / "val.jsonl"))
+    val = list(files.read_jsonl(Path(p.dataset_dir) / "val.jsonl"))
     specs = records.workload_entries(raw["data"]["search_dir"])
     target_spec = raw["search"]["target"]
     target = make_target(target_spec)
@@ -63,9 +64,9 @@ def main() -> None:
     ap.add_argument("--out", default="reports/constrained.json")
     a = ap.parse_args()
     result = run(a.params, a.prompts)
-    from pipeline import io
+    from pipeline import files
 
-    io.write_json(a.out, result)
+    files.write_json(a.out, result)
     print(json.dumps(result, indent=2))
 
 

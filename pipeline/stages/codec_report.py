@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from pipeline import codec, io, params as P
+from pipeline import codec, files, params as P
 from pipeline.space import SpaceError, sample_many
 from pipeline.tokenizer import train_tokenizer
 from pipeline.tvm_env import make_target
@@ -96,7 +96,7 @@ def main(params_path: str = "params.yaml") -> dict:
     p = P.load("codec_report", CodecReportParams, params_path)
     rows = collect(p)
     report = summarize(rows, p.vocab_size)
-    io.write_json(p.report, report)
+    files.write_json(p.report, report)
     print(f"codec: {report['traces']} traces, {report['exact_round_trips']} exact round trips; "
           f"script/as_python = {report['ratio_to_python']['mean_chars']:.3f} in chars, "
           f"{report['ratio_to_python']['mean_tokens_neutral_tokenizer']:.3f} in neutral tokens -> {p.report}")

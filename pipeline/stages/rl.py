@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import io, params as P, records, tracking
+from pipeline import files, params as P, records, tracking
 from pipeline.reward import Measurer, RewardParams, ShapedReward
 
 
@@ -37,6 +37,7 @@ class RLParams:
     max_completion_length: int = 320
     bf16: bool = False
     gradient_checkpointing: bool = False
+    guided: bool = True          # rollouts written by the guided decoder (false: free sampling)
     seed: int = 0
     reward: dict = field(default_factory=dict)
 
@@ -65,6 +66,18 @@ def training_prompts(rows: list[dict], n: int, seed: int) -> list[dict]:
     return [{"prompt": r["prompt"], "workload": r["workload"], "task": r["task"]} for r in out[:n]]
 
 
+def _group_spread(entries: list[dict], key: str | None) -> float:
+    """Mean over the step's groups (same prompt) of the standard deviation of a reward
+    component (None: the total reward)."""
+    import statistics
+
+    groups: dict = {}
+    for e in entries:
+        groups.setdefault(e.get("prompt"), []).append(e[key] if key else e["correctness"] + e["speed"])
+    spreads = [statistics.pstdev(v) for v in groups.values() if len(v) > 1]
+    return sum(spreads) / len(spreads) if spreads else 0.0
+
+
 def summarize(log: list[dict], history: list[dict]) -> dict:
     steps: dict[int, list[dict]] = {}
     for e in log:
@@ -77,6 +90,9 @@ def summarize(log: list[dict], history: list[dict]) -> dict:
                          "correctness": sum(e["correctness"] for e in es) / n,
                          "speed": sum(e["speed"] for e in es) / n,
                          "correct_share": sum(e["stage"] == "ok" for e in es) / n,
+                         # GRPO learns from differences within a group (one prompt's completions)
+                         "speed_spread": _group_spread(es, "speed"),
+                         "reward_spread": _group_spread(es, None),
                          "stages": dict(Counter(e["stage"] for e in es))})
     half = max(1, len(per_step) // 2)
     first, last = per_step[:half], per_step[-half:]
@@ -89,6 +105,8 @@ def summarize(log: list[dict], history: list[dict]) -> dict:
             "reward_first_half": mean(first, "reward"), "reward_second_half": mean(last, "reward"),
             "correct_share_first_half": mean(first, "correct_share"),
             "correct_share_second_half": mean(last, "correct_share"),
+            "correct_share": sum(e["stage"] == "ok" for e in log) / len(log) if log else None,
+            "steps_with_speed_spread": sum(r["speed_spread"] > 0 for r in per_step),
             "trainer_log": [{k: v for k, v in h.items() if k.startswith(("reward", "loss", "step", "kl"))}
                             for h in history]}
 
@@ -121,6 +139,37 @@ def _plot(summary: dict, path: str) -> None:
     plt.close(fig)
 
 
+def guided_rollout(kernel_of: dict, temperature: float, top_p: float, max_new_tokens: int, guided: bool = True):
+    """TRL's documented generation hook (`GRPOTrainer(rollout_func=...)`): each prompt's
+    completions are written by the guided decoder (pipeline.generate), and GRPO trains on
+    exactly those tokens. `kernel_of`: prompt -> (mod, target). The trainer's sampler repeats
+    each prompt `num_generations` times in a row; each run of one prompt is one batch."""
+    from pipeline.generate import GenerationParams, generate
+
+    def rollout(prompts: list, trainer) -> dict:
+        model, tok = trainer.model, trainer.processing_class
+        was_training = model.training
+        prompt_ids, completion_ids = [], []
+        i = 0
+        while i < len(prompts):
+            j = i
+            while j < len(prompts) and prompts[j] == prompts[i]:
+                j += 1
+            g = GenerationParams(attempts=j - i, temperature=temperature, top_p=top_p,
+                                 max_new_tokens=max_new_tokens, guided=guided, retries=0)
+            w = generate(model, tok, [prompts[i]], g, seed=trainer.state.global_step * 1000 + i,
+                         kernels=[kernel_of[prompts[i]]])
+            ids = tok(prompts[i], add_special_tokens=False)["input_ids"]
+            for x in w.token_ids[0]:
+                prompt_ids.append(ids)
+                completion_ids.append(x or [tok.eos_token_id])
+            i = j
+        model.train(was_training)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+    return rollout
+
+
 def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: bool = True):
     import torch
     from datasets import Dataset
@@ -138,8 +187,15 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
         max_completion_length=p.max_completion_length, logging_steps=1, save_strategy="no", report_to="none",
         seed=p.seed, bf16=p.bf16, gradient_checkpointing=p.gradient_checkpointing,
         use_cpu=not torch.cuda.is_available(), disable_tqdm=not progress, dataloader_num_workers=0)
+    from pipeline.tvm_env import make_target
+    from pipeline.workloads import Spec, build
+
+    target = make_target(target_spec)
+    mods = {w: build(Spec.from_json(specs[w])) for w in {r["workload"] for r in prompts}}
+    kernel_of = {r["prompt"]: (mods[r["workload"]], target) for r in prompts}
+    rollout = guided_rollout(kernel_of, p.temperature, p.top_p, p.max_completion_length, p.guided)
     trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
-                          train_dataset=Dataset.from_list(prompts), processing_class=tokenizer)
+                          train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout)
     trainer.train()
     return trainer.model, tokenizer, reward, trainer.state.log_history
 
@@ -149,7 +205,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
 
     p = P.load("rl", RLParams, params_path)
     raw = yaml.safe_load(Path(params_path).read_text())
-    rows = list(io.read_jsonl(Path(p.dataset_dir) / "train.jsonl"))
+    rows = list(files.read_jsonl(Path(p.dataset_dir) / "train.jsonl"))
     prompts = training_prompts(rows, p.max_prompts, p.seed)
     specs = records.workload_entries(raw["data"]["search_dir"])
     start = time.perf_counter()
@@ -164,7 +220,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
               "prompts": len(prompts), "checked_scripts": reward.measurer.builds,
               "cache_entries": len(reward.measurer.cache), "reward_params": asdict(reward.rp),
               **summary}
-    io.write_json(p.report, report)
+    files.write_json(p.report, report)
     plot = str(Path(p.report).with_name("rl_reward.png"))
     _plot(summary, plot)
     curve = [("reward", r["step"], r["reward"]) for r in summary["per_step"]]
@@ -172,7 +228,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
                                        "correct_share_first_half", "correct_share_second_half")
                if report[k] is not None}
     report["mlflow_run_id"] = tracking.log_run("rl", asdict(p), metrics, curve, [p.report, plot])
-    io.write_json(p.report, report)
+    files.write_json(p.report, report)
     print(f"rl: {p.steps} GRPO steps in {seconds:.0f} s, {reward.measurer.builds} scripts checked; mean reward "
           f"{summary['reward_first_half']:.3f} (first half) -> {summary['reward_second_half']:.3f} (second half); "
           f"stages {summary['stages']} -> {out}, {p.report}")

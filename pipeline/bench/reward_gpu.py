@@ -7,7 +7,7 @@ script that breaks the GPU thread limit (postproc), and garbage (decode). Report
 counts, speedups over DLight, the shaped rewards, the seconds per check, and that a second
 pass is served from the cache.
 
-    python -m pipeline.bench_reward_gpu [--samples 8] [--workloads 4] [--out reports/reward_h200.json]
+    python -m pipeline.bench.reward_gpu [--samples 8] [--workloads 4] [--out reports/reward_h200.json]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     from pipeline import codec
     from pipeline.params import from_dict
     from pipeline.reward import Measurer, RewardParams, score
-    from pipeline.search import SearchParams, select_workloads
+    from pipeline.stages.search import SearchParams, select_workloads
     from pipeline.space import sample_many
     from pipeline.tvm_env import make_target
 

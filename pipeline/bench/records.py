@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import io, records
-from pipeline.dataset import sample_pairs
+from pipeline import files, records
+from pipeline.stages.data import sample_pairs
 
 TRACE = [[["GetSBlock", [], ["matmul", "main"], ["b0"]], ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]],
           ["SamplePerfectTile", ["l1"], [4, 64], ["v4", "v5", "v6", "v7"]],
@@ -68,7 +68,7 @@ def run(n_records: int = 1_000_000) -> dict:
 
 def main(n_records: int = 1_000_000, report: str = "reports/bench_records.json") -> dict:
     result = run(n_records)
-    io.write_json(report, result)
+    files.write_json(report, result)
     print(f"bench-records: {result['records']} records ({result['file_mb']} MB), peak RSS {result['peak_rss_mb']} MB "
           f"(limit 2048), {result['scan_and_pair_seconds']} s -> {report}")
     return result

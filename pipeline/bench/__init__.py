@@ -1,0 +1,1 @@
+"""Benchmarks: each writes its figures under reports/ (python -m pipeline.bench.NAME)."""

@@ -1,0 +1,288 @@
+"""Walk a MetaSchedule design-space sketch one sampling decision at a time.
+
+A kernel's design space (post-order-apply) is a few sketches: traces whose instruction
+sequence is fixed and whose only freedom is the decision of each sampling instruction
+(ANCHORS.md: 191/192 CPU and 254/256 CUDA search records are a sketch replayed with their
+decisions, then simplified). So a script of that space is fully given by (sketch, decisions),
+and at any point the valid next decision is a finite, computable set:
+
+- SamplePerfectTile: the ordered factorizations of the loop's extent *in the schedule as it
+  stands* (it depends on earlier decisions after fusion or compute-at) into n factors, the
+  innermost at most `max_innermost_factor`;
+- SampleCategorical: the indices of its candidates;
+- SampleComputeLocation: the locations TVM itself accepts (probed on a copy of the schedule,
+  since TVM silently replaces a decision it does not accept);
+- on CUDA, tile factors that end up bound to threads are limited so that the block's thread
+  count can still land in [thread_extent_low, thread_extent_high] and vthreads stay within the
+  target's limit (VerifyGPUCode would reject the rest after the whole script is written).
+
+`Walk` replays a (simplified) sketch on a fresh schedule in a helper thread, through TVM's
+own `Trace.apply_to_schedule(decision_provider=...)`, and pauses at each sampling instruction
+until `decide()` gives its decision: one pass over the trace per script, whatever the number
+of decisions. The text side (what each decision looks like in the script language, and which
+tokens may come next) is pipeline.guided.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from dataclasses import dataclass
+
+from pipeline.space import design_spaces
+from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, tvm
+
+SAMPLING = ("SamplePerfectTile", "SampleCategorical", "SampleComputeLocation")
+_THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def sketches(mod, target) -> list[Trace]:
+    """The design space's sketches in the form the script language writes (simplified, no
+    postprocessing): the templates of every script the guided decoder can produce."""
+    return [t.simplified(remove_postproc=True) for t in design_spaces(mod, target)]
+
+
+def canonical_trace(mod, target, trace: Trace) -> Trace:
+    """A schedule's trace in the guided decoder's form: simplified, postprocessing dropped."""
+    return trace.simplified(remove_postproc=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Domains
+# ---------------------------------------------------------------------------------------
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def factorizations(extent: int, n: int, max_innermost: int, limit: int = 200_000) -> list[tuple[int, ...]]:
+    """Ordered n-tuples of positive integers whose product is `extent`, the last at most
+    `max_innermost` (no bound when it is <= 0), as MetaSchedule's SamplePerfectTile draws them."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(rest: int, k: int, prefix: tuple[int, ...]):
+        if len(out) >= limit:
+            return
+        if k == 1:
+            if max_innermost <= 0 or rest <= max_innermost:
+                out.append(prefix + (rest,))
+            return
+        for d in _divisors(rest):
+            rec(rest // d, k - 1, prefix + (d,))
+
+    rec(max(1, extent), n, ())
+    return out
+
+
+@dataclass
+class ThreadBudget:
+    """What VerifyGPUCode will check of thread extents, tracked while tiles are chosen."""
+    low: int = 1
+    high: int = 1024
+    max_vthread: int = 8
+    threads: int = 1               # product of the factors bound to threadIdx so far
+    vthreads: int = 1
+
+
+@dataclass
+class Choice:
+    """A sampling instruction waiting for its decision. `values` are the decisions allowed."""
+    index: int          # the instruction's position in the sketch
+    kind: str
+    values: list        # decisions: a tuple of factors, or an int
+
+
+class WalkFailed(RuntimeError):
+    """The sketch did not apply with the decisions given (TVM's message)."""
+
+
+_DONE = object()
+
+
+class Walk:
+    """Replays one sketch on `mod`, pausing at each sampling instruction.
+
+        walk = Walk(mod, target, sketch)
+        c = walk.next()            # a Choice, or None when the sketch is complete
+        walk.decide(value)         # then next() again
+    """
+
+    def __init__(self, mod, target, sketch: Trace, thread_roles: dict | None = None):
+        self.mod, self.target, self.sketch = mod, target, sketch
+        self.roles = thread_roles if thread_roles is not None else thread_roles_of(sketch)
+        self.decisions: dict[int, object] = {}
+        self.sch = Schedule(mod, debug_mask=0)
+        self._to_main: queue.Queue = queue.Queue()
+        self._to_walker: queue.Queue = queue.Queue()
+        self._budget = _budget(target, sketch)
+        self._extent_of: dict = {}      # sketch loop RV -> extent (CUDA: to plan thread counts ahead)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = False
+        self.finished = False
+
+    # -- the helper thread ------------------------------------------------------------
+    def _run(self):
+        position = [0]
+        insts = list(self.sketch.insts)
+
+        def provider(inst, inputs, attrs, decision):
+            i = position[0]
+            position[0] += 1
+            kind = inst.kind.name
+            if kind == "GetLoops" and self._budget is not None:
+                # GetLoops is pure: ask for the same loops to learn the extents later tiles will split
+                for rv, loop in zip(inst.outputs, self.sch.get_loops(inputs[0])):
+                    ext = self.sch.get(loop).extent
+                    if isinstance(ext, tvm.tirx.IntImm):
+                        self._extent_of[rv] = int(ext.value)
+            if kind not in SAMPLING:
+                return decision
+            values = self._domain(i, kind, inputs, attrs)
+            self._to_main.put(Choice(i, kind, values))
+            answer = self._to_walker.get()
+            if answer is _DONE:
+                raise WalkFailed("abandoned")
+            return answer
+
+        try:
+            Trace(insts, dict(self.sketch.decisions)).apply_to_schedule(self.sch, remove_postproc=True, decision_provider=provider)
+            self._to_main.put(None)
+        except (WalkFailed, *TVM_ERRORS) as err:
+            self._to_main.put(WalkFailed(_first_line(err)))
+
+    # -- the caller's side ------------------------------------------------------------
+    def next(self) -> Choice | None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        item = self._to_main.get()
+        if isinstance(item, WalkFailed):
+            self.finished = True
+            raise item
+        if item is None:
+            self.finished = True
+            self._thread.join()
+        self._pending = item
+        return item
+
+    def decide(self, value) -> None:
+        c = self._pending
+        self.decisions[c.index] = value
+        if c.kind == "SamplePerfectTile":
+            self._spend(c.index, value)
+        self._to_walker.put(list(value) if isinstance(value, tuple) else value)
+
+    def close(self) -> None:
+        """Stop a walk that will not be finished (its thread unwinds)."""
+        if self._started and not self.finished:
+            self._to_walker.put(_DONE)
+            self.finished = True
+
+    # -- domains ----------------------------------------------------------------------
+    def _domain(self, i: int, kind: str, inputs, attrs) -> list:
+        if kind == "SampleCategorical":
+            return list(range(len(attrs[0])))
+        if kind == "SamplePerfectTile":
+            extent = self.sch.get(inputs[0]).extent
+            if not isinstance(extent, tvm.tirx.IntImm):
+                raise WalkFailed(f"loop extent {extent} is not a constant")
+            values = factorizations(int(extent.value), int(attrs[0]), int(attrs[1]))
+            return self._fit_threads(i, values)
+        # SampleComputeLocation: TVM replaces a decision it does not accept; keep those it keeps
+        # (-2 inline, -1 root, then loop indices; probed until 8 indices in a row are refused).
+        out, misses, d = [], 0, -2
+        while misses < 8:
+            probe = self.sch.copy()
+            try:
+                probe.sample_compute_location(inputs[0], decision=d)
+                kept = int(probe.trace.get_decision(probe.trace.insts[-1])) == d
+            except TVM_ERRORS:
+                kept = False
+            if kept:
+                out.append(d)
+            misses = 0 if kept or d < 0 else misses + 1
+            d += 1
+        return out
+
+    # CUDA: thread and vthread extents (VerifyGPUCode's limits) folded into the tile domains.
+    def _fit_threads(self, i: int, values: list[tuple]) -> list[tuple]:
+        """Keep the tiles whose thread factors keep the block within max threads and vthreads,
+        and from which the block can still reach its minimum thread count: the tiles still to
+        come can add at most their loops' extents (GetLoops told us those)."""
+        roles = self.roles.get(i)
+        if not roles or self._budget is None:
+            return values
+        b = self._budget
+        insts = self.sketch.insts
+        room = 1
+        for j, r in self.roles.items():
+            if j > i and "thread" in r.values():
+                room *= self._extent_of.get(insts[j].inputs[0], b.high)
+        kept = []
+        for v in values:
+            t = b.threads * math.prod(v[k] for k, role in roles.items() if role == "thread")
+            vt = b.vthreads * math.prod(v[k] for k, role in roles.items() if role == "vthread")
+            if t <= b.high and vt <= b.max_vthread and t * room >= b.low:
+                kept.append(v)
+        return kept or values
+
+    def _spend(self, i: int, value: tuple) -> None:
+        roles = self.roles.get(i)
+        if not roles or self._budget is None:
+            return
+        for k, role in roles.items():
+            if role == "thread":
+                self._budget.threads *= value[k]
+            elif role == "vthread":
+                self._budget.vthreads *= value[k]
+
+
+def _budget(target, sketch: Trace) -> ThreadBudget | None:
+    """VerifyGPUCode's thread limits for this sketch: the target's threads per block, and the
+    bounds MetaSchedule's rules annotate on the block (thread_extent_{low,high}_inclusive)."""
+    if target.kind.name != "cuda":
+        return None
+    b = ThreadBudget(high=int(target.attrs.get("max_threads_per_block", 1024)), max_vthread=8)
+    for inst in sketch.insts:
+        if inst.kind.name == "Annotate" and len(inst.inputs) > 1:
+            key, value = str(inst.attrs[0]), inst.inputs[1]
+            if key == "meta_schedule.thread_extent_low_inclusive":
+                b.low = max(b.low, int(value))
+            elif key == "meta_schedule.thread_extent_high_inclusive":
+                b.high = min(b.high, int(value))
+    return b
+
+
+def thread_roles_of(sketch: Trace) -> dict[int, dict[int, str]]:
+    """For each SamplePerfectTile of the sketch: which of its factors end up as a loop bound to
+    threadIdx.* or vthread.* (through Split, then Fuse, then Bind). Pure dataflow over the
+    sketch's random variables; the factors' values do not matter."""
+    origin: dict[object, list[tuple[int, int]]] = {}   # loop RV -> [(tile inst, factor index)]
+    factor_of: dict[object, tuple[int, int]] = {}      # sampled value RV -> (tile inst, index)
+    roles: dict[int, dict[int, str]] = {}
+    for i, inst in enumerate(sketch.insts):
+        kind = inst.kind.name
+        if kind == "SamplePerfectTile":
+            for k, out in enumerate(inst.outputs):
+                factor_of[out] = (i, k)
+        elif kind == "Split":
+            for out, f in zip(inst.outputs, list(inst.inputs)[1:]):
+                if f is not None and f in factor_of:
+                    origin[out] = [factor_of[f]]
+        elif kind == "Fuse":
+            merged = [o for loop in inst.inputs for o in origin.get(loop, [])]
+            origin[inst.outputs[0]] = merged
+        elif kind == "Bind":
+            axis = str(inst.attrs[0])
+            role = "thread" if axis in _THREAD_AXES else "vthread" if axis.startswith("vthread") else None
+            if role:
+                for t, k in origin.get(inst.inputs[0], []):
+                    roles.setdefault(t, {})[k] = role
+    return roles
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(err).__name__)[:300]
