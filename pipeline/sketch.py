@@ -118,6 +118,8 @@ class Walk:
         self._to_walker: queue.Queue = queue.Queue()
         self._budget = _budget(target, sketch)
         self._extent_of: dict = {}      # sketch loop RV -> extent (CUDA: to plan thread counts ahead)
+        self._smem = None                # CUDA: the shared-memory model of the sketch, built at its first tile
+        self._inner: dict[int, int] = {}  # tile instruction -> product of its factors inside the block
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = False
         self.finished = False
@@ -189,15 +191,23 @@ class Walk:
             if not isinstance(extent, tvm.tirx.IntImm):
                 raise WalkFailed(f"loop extent {extent} is not a constant")
             values = factorizations(int(extent.value), int(attrs[0]), int(attrs[1]))
-            return self._fit_threads(i, values)
+            # both limits if they can be met together; else the shared-memory one, which an
+            # earlier tile cannot make up for later
+            return self._fit_shared(i, self._fit_threads(i, values)) or self._fit_shared(i, values) or values
         # SampleComputeLocation: TVM replaces a decision it does not accept; keep those it keeps
         # (-2 inline, -1 root, then loop indices; probed until 8 indices in a row are refused).
         out, misses, d = [], 0, -2
         while misses < 8:
             probe = self.sch.copy()
             try:
-                probe.sample_compute_location(inputs[0], decision=d)
+                loop = probe.sample_compute_location(inputs[0], decision=d)
                 kept = int(probe.trace.get_decision(probe.trace.insts[-1])) == d
+                if kept and d >= 0:
+                    # the sketch computes the block there next; a loop whose extent depends on an
+                    # outer loop would be refused by DisallowDynamicLoop once the script is done
+                    probe.compute_at(inputs[0], loop, preserve_unit_loops=True)
+                    kept = all(isinstance(probe.get(lp).extent, tvm.tirx.IntImm)
+                               for lp in probe.get_loops(inputs[0]))
             except TVM_ERRORS:
                 kept = False
             if kept:
@@ -226,9 +236,23 @@ class Walk:
             vt = b.vthreads * math.prod(v[k] for k, role in roles.items() if role == "vthread")
             if t <= b.high and vt <= b.max_vthread and t * room >= b.low:
                 kept.append(v)
-        return kept or values
+        return kept
+
+    # CUDA: shared memory (VerifyGPUCode's max_shared_memory_per_block) folded into the tiles.
+    def _fit_shared(self, i: int, values: list[tuple]) -> list[tuple]:
+        """Keep the tiles with which the shared-memory tiles of the block still fit, the tiles
+        still to come counted at their smallest (extent 1 inside the block)."""
+        if self._budget is None or not values:
+            return values
+        if self._smem is None:
+            self._smem = _SharedModel(self.sketch, self.sch)
+        m = self._smem
+        if i not in m.var_of or not m.buffers:
+            return values
+        return [v for v in values if m.bytes({**self._inner, i: math.prod(v[1:])}) <= m.limit(self.target)]
 
     def _spend(self, i: int, value: tuple) -> None:
+        self._inner[i] = math.prod(value[1:])
         roles = self.roles.get(i)
         if not roles or self._budget is None:
             return
@@ -237,6 +261,119 @@ class Walk:
                 self._budget.threads *= value[k]
             elif role == "vthread":
                 self._budget.vthreads *= value[k]
+
+
+class _SharedModel:
+    """Shared memory of a GPU multi-level-tiling sketch as a function of its tiles.
+
+    The sketch caches reads of the compute block in shared memory (CacheRead "shared") and
+    computes them at the outermost reduction tile; a thread block then holds, per iterator,
+    the iterations of every tile level but the outermost (blockIdx / outer reduction loop).
+    For a read `A[h*2 + rh, ...]` of the block, the footprint along that axis is the number of
+    values its index takes, bounded for any alignment of the tile (_span: 2*(h-1) + rh). Bytes = sum over cached buffers of the product
+    of their footprints times the element size, times the pipeline's versions (MetaSchedule's sketches for dense, conv and
+    matmul kernels; a read that is not affine leaves the model out)."""
+
+    def __init__(self, sketch: Trace, sch: Schedule):
+        insts = list(sketch.insts)
+        name_of = {inst.outputs[0]: str(inst.attrs[0]) for inst in insts if inst.kind.name == "GetSBlock"}
+        loops_of = {}   # loop RV -> (block RV, position)
+        for inst in insts:
+            if inst.kind.name == "GetLoops":
+                for k, rv in enumerate(inst.outputs):
+                    loops_of[rv] = (inst.inputs[0], k)
+        self.var_of: dict[int, tuple] = {}   # tile inst -> (block RV, iterator position)
+        for i, inst in enumerate(insts):
+            if inst.kind.name == "SamplePerfectTile" and inst.inputs[0] in loops_of:
+                self.var_of[i] = loops_of[inst.inputs[0]]
+        self.buffers = []   # (block RV, [(coefficients per iterator, extent)] per axis, bytes per element)
+        # A software-pipelined sketch keeps one copy of each shared tile per pipeline stage
+        # (InjectSoftwarePipeline): stages [0, 0, 3] -> 4 versions.
+        self.versions = 1
+        for inst in insts:
+            if inst.kind.name == "Annotate" and str(inst.attrs[0]) == "software_pipeline_stage":
+                try:
+                    self.versions = max(self.versions, 1 + max(int(x) for x in inst.inputs[1]))
+                except (TypeError, ValueError):
+                    self.versions = max(self.versions, 4)
+        for inst in insts:
+            if inst.kind.name == "CacheRead" and str(inst.attrs[1]) == "shared" and inst.inputs[0] in name_of:
+                try:
+                    block = sch.get(sch.get_sblock(name_of[inst.inputs[0]]))
+                    region = block.reads[int(inst.attrs[0])]
+                    ivars = [iv.var for iv in block.iter_vars]
+                    axes = []
+                    for r in region.region:
+                        if not isinstance(r.extent, tvm.tirx.IntImm):
+                            raise ValueError("dynamic region")
+                        axes.append((_span_tree(r.min, ivars), int(r.extent)))
+                    self.buffers.append((inst.inputs[0], axes, _itemsize(str(region.source.ty.dtype))))
+                except (ValueError, *TVM_ERRORS):
+                    self.buffers = []
+                    return
+
+    def bytes(self, inner: dict[int, int]) -> int:
+        """`inner`: tile inst -> its extent inside the thread block (undecided tiles count 1)."""
+        ext: dict[tuple, int] = {self.var_of[i]: e for i, e in inner.items() if i in self.var_of}
+        total = 0
+        for block, axes, size in self.buffers:
+            n = size
+            for tree, extent in axes:
+                n *= _span(tree, lambda k: ext.get((block, k), 1)) + extent - 1
+            total += n
+        return total * self.versions
+
+    @staticmethod
+    def limit(target) -> int:
+        return int(target.attrs.get("max_shared_memory_per_block", 49152))
+
+
+def _span_tree(expr, ivars):
+    """An index expression as a small tree _span can evaluate; ValueError if it has other ops."""
+    kind = type(expr).__name__
+    if kind == "Var":
+        for k, v in enumerate(ivars):
+            if v.same_as(expr):
+                return ("var", k)
+        raise ValueError(f"free variable {expr}")
+    if kind == "IntImm":
+        return ("const",)
+    if kind in ("Add", "Sub"):
+        return ("add", _span_tree(expr.a, ivars), _span_tree(expr.b, ivars))
+    if kind in ("Mul", "FloorDiv", "FloorMod"):
+        for a, b in ((expr.a, expr.b), (expr.b, expr.a) if kind == "Mul" else (None, None)):
+            if b is not None and type(b).__name__ == "IntImm":
+                return (kind.lower(), _span_tree(a, ivars), abs(int(b.value)))
+    raise ValueError(f"index operation {kind} is not modelled")
+
+
+def _span(tree, extent_of) -> int:
+    """Upper bound on the number of distinct values of an index expression when iterator k
+    takes extent_of(k) consecutive values, whatever the alignment."""
+    op = tree[0]
+    if op == "var":
+        return extent_of(tree[1])
+    if op == "const":
+        return 1
+    if op == "add":
+        return _span(tree[1], extent_of) + _span(tree[2], extent_of) - 1
+    n = _span(tree[1], extent_of)
+    if op == "mul":
+        return (n - 1) * tree[2] + 1
+    if op == "floordiv":
+        # tiles are aligned to their extent, which divides the loop's: no straddling when one
+        # of the two divides the other
+        c = max(1, tree[2])
+        if c % n == 0 or n % c == 0:
+            return max(1, n // c)
+        return -(-(n - 1) // c) + 1
+    return min(n, tree[2])          # floormod
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a TVM dtype string (float16 -> 2, int8 -> 1, bool -> 1)."""
+    bits = "".join(ch for ch in dtype.split("x")[0] if ch.isdigit())
+    return max(1, int(bits) // 8) if bits else 1
 
 
 def _budget(target, sketch: Trace) -> ThreadBudget | None:

@@ -52,13 +52,26 @@ def vocabs():
     return _tokenizers()
 
 
-def _check(mod, target, vocab, n, seed):
+RETRIES = 10   # the decoder rewrites a complete script that a postprocessor rejects (generate.py)
+
+
+def _check(mod, target, vocab, n, seed) -> int:
+    """n scripts, each valid and complete; returns the postprocessing retries they took (only
+    CUDA limits the masks do not model, e.g. dynamic cache-read extents in conv2d_transpose)."""
     templates = make_templates(mod, target)
     rng = random.Random(seed)
+    retries = 0
     for _ in range(n):
-        text, complete, _ = uniform_script(mod, target, vocab, templates, rng)
-        assert complete, text[-200:]
-        codec.decode(mod, text, target)   # raises DecodeError (decode/apply/postproc) if invalid
+        for attempt in range(RETRIES + 1):
+            text, complete, _ = uniform_script(mod, target, vocab, templates, rng)
+            assert complete, text[-200:]
+            try:
+                codec.decode(mod, text, target)   # DecodeError if it does not decode/apply/postprocess
+                break
+            except codec.DecodeError as err:
+                assert err.category == "postproc" and attempt < RETRIES, str(err)
+                retries += 1
+    return retries
 
 
 def test_factorizations_are_exact_and_bounded():
