@@ -829,6 +829,25 @@ def decode(mod: "tvm.IRModule", text: str, target: "tvm.target.Target") -> Trace
     return sch.trace
 
 
+def canonical_script(trace: Trace) -> str:
+    """A schedule's script in the one form the pipeline trains on and the guided decoder
+    writes: the sketch part, simplified as MetaSchedule's database keeps it (dead pure
+    instructions dropped), postprocessing left to be re-derived by `decode`."""
+    insts, decisions = trace_to_json(trace.simplified(remove_postproc=True))
+    by_index = {int(i): d for i, d in decisions}
+    return "\n".join(_encode_inst(inst, by_index.get(i)) for i, inst in enumerate(insts))
+
+
+def canonical_from_json(mod, trace_json: list) -> str:
+    """`canonical_script` of a stored trace (a tuning record's JSON), replayed on `mod`."""
+    sch = Schedule(mod, debug_mask=0)
+    try:
+        Trace.apply_json_to_schedule(trace_json, sch)
+    except TVM_ERRORS as err:
+        raise DecodeError("schedule", _first_line(err)) from None
+    return canonical_script(sch.trace)
+
+
 def round_trips(mod, trace: Trace, target) -> bool:
     """True when decode(encode(trace)) is exactly `trace` (canonical JSON and Python form)."""
     text = encode(mod, trace, target)

@@ -44,9 +44,9 @@ def clean(completion: str) -> str:
     return completion.split("\n\n")[0].strip("\n ")
 
 
-def _sample(model, tokenizer, prompt: str, n: int, g: GenerationParams, processor=None):
+def _sample(model, tokenizer, prompt: str, n: int, g: GenerationParams, processor=None, min_new_tokens: int = 0):
     enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
-    kw = dict(do_sample=True, max_new_tokens=g.max_new_tokens, num_return_sequences=n,
+    kw = dict(do_sample=True, max_new_tokens=g.max_new_tokens, num_return_sequences=n, min_new_tokens=min_new_tokens,
               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     if processor is None:
         kw.update(temperature=g.temperature, top_p=g.top_p, top_k=0)
@@ -96,6 +96,8 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
             out.tokens += sum(len(x) for x in ids)
             retry = []
             for k, c, x in zip(todo, cons, ids):
+                if x and x[-1] == tokenizer.eos_token_id and not c.done:
+                    c.feed(x[-1])    # generation stopped at this EOS before the processor saw it
                 c.close()
                 text = clean(tokenizer.decode(x, skip_special_tokens=True))
                 scripts[k], complete[k], token_ids[k] = text, c.complete, x

@@ -250,7 +250,10 @@ class ScriptConstraint:
                 b.walk.close()
             self.branches = ended
             return
-        s = self.vocab.strings[token_id]
+        self.feed_text(self.vocab.strings[token_id])
+
+    def feed_text(self, s: str) -> None:
+        """Append text (any split into tokens gives the same state)."""
         self.text += s
         alive = []
         for b in self.branches:
@@ -290,6 +293,32 @@ class ScriptConstraint:
     @property
     def complete(self) -> bool:
         return self.done and bool(self.branches)
+
+
+def in_space(mod, target, text: str, templates: list | None = None) -> bool:
+    """Whether the guided decoder can write `text` for this kernel (the share of the training
+    data inside the design space is measured with this)."""
+    try:
+        c = ScriptConstraint(mod, target, _NO_VOCAB, templates)
+    except WalkFailed:
+        return False
+    try:
+        c.feed_text(text)
+        if not c.branches or not any(_at_end(b, b.piece, b.pos) for b in c.branches):
+            return False
+        c.feed(_NO_VOCAB.eos)
+        return c.complete
+    finally:
+        c.close()
+
+
+class _TextOnly:
+    """A stand-in vocabulary for checking text (no tokenizer involved)."""
+    eos = -1
+    strings: dict = {}
+
+
+_NO_VOCAB = _TextOnly()
 
 
 def make_templates(mod, target) -> list:

@@ -36,7 +36,7 @@ def tune(mod, target, trials: int, work_dir: Path, sp, name: str) -> Tuned:
     scripts, lat = [], []
     for ref in records.scan(work_dir):
         try:
-            scripts.append(codec.encode_json(mod, records.trace_at(ref), target))
+            scripts.append(codec.canonical_from_json(mod, records.trace_at(ref)))
         except (codec.DecodeError, TypeError, ValueError):
             scripts.append(None)
         lat.append(ref.latency_s)

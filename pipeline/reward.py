@@ -68,6 +68,7 @@ class Measurer:
         self.specs, self.target_spec = specs, target_spec
         self.checker = Checker(timeout_s=timeout_s, workers=workers)
         self.cache: dict[tuple[str, str], Outcome] = {}
+        self.untimed: dict[tuple[str, str], Outcome] = {}
         self._mods: dict[str, object] = {}
         self._lock = threading.Lock()
         self.builds = 0
@@ -83,18 +84,21 @@ class Measurer:
             self._mods[workload] = build(Spec.from_json(self.specs[workload]))
         return self._mods[workload]
 
-    def measure(self, pairs: list[tuple[str, str]]) -> list[Outcome]:
+    def measure(self, pairs: list[tuple[str, str]], timed: bool = True) -> list[Outcome]:
+        """Timed (latency and baseline) or not (build, run once, compare: for kernels too big
+        to time repeatedly on this machine); a timed result also answers an untimed request."""
         with self._lock:
+            cache = self.cache if timed else self.untimed
             todo: dict[str, list[str]] = {}
             for w, s in pairs:
-                if (w, s) not in self.cache and s not in todo.setdefault(w, []):
+                if (w, s) not in self.cache and (w, s) not in cache and s not in todo.setdefault(w, []):
                     todo[w].append(s)
             for w, scripts in todo.items():
                 if scripts:
-                    outs = self.checker.check_many(self.module(w), scripts, self.target_spec, timed=True)
+                    outs = self.checker.check_many(self.module(w), scripts, self.target_spec, timed=timed)
                     self.builds += len(scripts)
-                    self.cache.update({(w, s): o for s, o in zip(scripts, outs)})
-            return [self.cache[p] for p in pairs]
+                    cache.update({(w, s): o for s, o in zip(scripts, outs)})
+            return [self.cache.get(p) or cache[p] for p in pairs]
 
 
 @dataclass
@@ -136,18 +140,21 @@ class ShapedReward:
         self.log: list[dict] = []
         self.step = 0
 
-    def scores(self, prompts, completions, workload) -> list[Scored]:
+    def scores(self, prompts, completions, workload, complete=None) -> list[Scored]:
         texts = [_text(c) for c in completions]
         sources = [source_script(p if isinstance(p, str) else p[-1]["content"]) for p in prompts]
         outs = self.measurer.measure(list(zip(workload, texts)))
+        if complete is not None:   # guided rollouts: a script cut short is a failure, never a short correct one
+            outs = [o if c is not False else Outcome("decode", "incomplete", line=t.count("\n") + 1)
+                    for o, c, t in zip(outs, complete, texts)]
         src_pairs = [(w, s) for w, s in zip(workload, sources) if s is not None]
         src_outs = dict(zip(src_pairs, self.measurer.measure(src_pairs)))
         return [score(o, src_outs.get((w, s)) if s is not None else None, self.rp)
                 for o, w, s in zip(outs, workload, sources)]
 
     def functions(self):
-        def correctness(prompts, completions, workload, **_):
-            scored = self.scores(prompts, completions, workload)
+        def correctness(prompts, completions, workload, complete=None, **_):
+            scored = self.scores(prompts, completions, workload, complete)
             self.step += 1
             for s, w, p in zip(scored, workload, prompts):
                 self.log.append({"step": self.step, "workload": w, "prompt": hash(str(p)) & 0xFFFFFFFF, "task": "refinement" if is_refinement(str(p))
@@ -156,8 +163,8 @@ class ShapedReward:
                                  "speedup_vs_source": s.speedup_vs_source})
             return [s.correctness for s in scored]
 
-        def speed(prompts, completions, workload, **_):
-            scored = self.scores(prompts, completions, workload)  # cached: no second build
+        def speed(prompts, completions, workload, complete=None, **_):
+            scored = self.scores(prompts, completions, workload, complete)  # cached: no second build
             return [s.speed for s in scored]
 
         return [correctness, speed]

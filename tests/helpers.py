@@ -1,7 +1,7 @@
 """Shared by tests: a tiny model trained for real on scripts of one small workload."""
 
 from pipeline.stages import sft as train_sft
-from pipeline.codec import encode
+from pipeline.codec import canonical_script
 from pipeline.prompts import construction_prompt
 from pipeline.describe import describe
 from pipeline.params import from_dict
@@ -16,7 +16,7 @@ def tiny_model(out_dir, target, steps: int = 40) -> str:
     returns SPEC's construction prompt."""
     mod = build(SPEC)
     prompt = construction_prompt(describe(mod), "llvm")
-    scripts = [encode(mod, s.trace, target) for s in sample_many(mod, target, 8, seed=1)]
+    scripts = [canonical_script(s.trace) for s in sample_many(mod, target, 8, seed=1)]
     rows = [{"prompt": prompt, "completion": s} for s in scripts] * 4
     p = from_dict(train_sft.SFTParams, dict(hidden_size=32, layers=2, heads=2, intermediate_size=64, vocab_size=400,
                                             max_length=512, pretrain_steps=0, sft_steps=steps, batch_size=8,

@@ -30,8 +30,10 @@ def test_metrics_correctness_speedup_ratio_and_time_to_schedule():
     m = evaluate.model_metrics(res, tasks, K=2)
     assert m["construction"]["correctness"] == 0.25
     assert m["construction"]["failures_by_stage"]["decode"] == 2 and m["construction"]["failures_by_stage"]["run"] == 1
-    # a: 2x; b: no correct script keeps the baseline, 1x
-    assert m["construction"]["speedup_geomean"] == pytest.approx(2 ** 0.5)
+    # a: 2x; b has no correct script: counted apart, never as a 1x speedup
+    assert m["construction"]["speedup_geomean"] == pytest.approx(2.0)
+    assert m["construction"]["timed_tasks_without_correct_script"] == 1
+    assert m["construction"]["kernels_below_098"] == ["a", "b"]
     assert m["refinement"]["correctness"] == 0.5 and m["refinement"]["speedup_vs_source_geomean"] == pytest.approx(2.0)
     # a: 0.5 / best of MS's first 2 (0.25) = 2; b: baseline 1.0 / 0.5 = 2
     assert m["vs_metaschedule"]["latency_ratio"] == pytest.approx(2.0)
@@ -42,6 +44,21 @@ def test_metrics_correctness_speedup_ratio_and_time_to_schedule():
     gate = evaluate.gate(m, evaluate.DEFAULT_GATES)
     assert not gate["passed"] and any("construction correctness" in r for r in gate["reasons"])
     assert any("latency ratio" in r for r in gate["reasons"])
+
+
+def test_untimed_kernels_count_for_correctness_only():
+    t = evaluate.Task("c", "te_workload", None, timed=False)
+    res = {"c": {"construction": [Outcome("ok"), Outcome("ok")], "seconds": 1.0, "scripts": [],
+                 "refinement": [{"source": Outcome("ok"), "attempts": [Outcome("ok"), Outcome("numerics", "x")]}]}}
+    m = evaluate.model_metrics(res, [t], K=2)
+    assert m["construction"]["correctness"] == 1.0 and m["construction"]["speedup_geomean"] is None
+    assert m["refinement"]["correctness"] == 0.5 and m["construction"]["timed_tasks"] == 0
+    assert m["per_task"][0]["timed"] is False and m["construction"]["kernels_below_098"] == []
+
+
+def test_incomplete_guided_scripts_are_failures():
+    outs = evaluate._incomplete_fail([Outcome("ok"), Outcome("ok"), Outcome("ok")], [True, False, None])
+    assert [o.stage for o in outs] == ["ok", "decode", "ok"] and "incomplete" in outs[1].error
 
 
 def test_rl_vs_sft_counts_only_strictly_faster_correct_kernels():

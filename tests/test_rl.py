@@ -15,17 +15,19 @@ from pipeline.params import ParamsError, from_dict
 def test_grpo_steps_with_the_measured_reward(tmp_path, cpu_target):
     prompt = tiny_model(tmp_path / "sft", cpu_target)
     p = from_dict(train_rl.RLParams, dict(model_dir=str(tmp_path / "sft"), output_dir=str(tmp_path / "rl"),
-                                          steps=2, num_generations=2, prompts_per_step=1, max_completion_length=200,
+                                          steps=2, num_generations=2, prompts_per_step=1, max_completion_length=400,
                                           reward={"workers": 1, "timeout_s": 60}))
     prompts = [{"prompt": prompt, "workload": SPEC.id, "task": "construction"}] * 4
     model, tok, reward, history = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
                                                  {"kind": "llvm", "num-cores": 2}, progress=False)
     assert len(reward.log) == 4 and {e["step"] for e in reward.log} == {1, 2}
-    assert all(e["stage"] in ("decode", "apply", "postproc", "build", "run", "numerics", "ok") for e in reward.log)
+    # rollouts come from the guided decoder: complete scripts of the design space, all correct
+    assert sum(e["stage"] == "ok" for e in reward.log) / len(reward.log) >= 0.9, [e["stage"] for e in reward.log]
     logged = [h for h in history if "rewards/correctness/mean" in h]
     assert len(logged) == 2 and all("rewards/speed/mean" in h for h in logged)
     summary = train_rl.summarize(reward.log, history)
     assert summary["completions"] == 4 and len(summary["per_step"]) == 2
+    assert all("speed_spread" in r and r["speed_spread"] >= 0 for r in summary["per_step"])
     model.save_pretrained(tmp_path / "rl")
     tok.save_pretrained(tmp_path / "rl")
     loaded, _ = models.load(tmp_path / "rl")

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
-from pipeline import codec, files, params as P, records
+from pipeline import codec, files, guided, params as P, records
 from pipeline.describe import describe
 from pipeline.prompts import construction_prompt, refinement_prompt
 from pipeline.space import SpaceError, sample_many
@@ -113,6 +113,7 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
     rng = random.Random(p.seed)
     rows: list[dict] = []
     seen: set[tuple[str, str]] = set()
+    in_space = [0, 0]       # scripts inside the guided decoder's space, scripts encoded
     for h in tqdm(sorted(refs, key=lambda h: workloads[h]["id"]), desc="examples", disable=not progress):
         w = workloads[h]
         spec, target = Spec.from_json(w), make_target(w["target"])
@@ -121,13 +122,22 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
         baseline = w["baseline_s"]
         cands = sorted(refs[h], key=lambda r: r.latency_s)
         cache: dict[int, str | None] = {}
+        templates = None
 
         def script(ref: records.RecordRef) -> str | None:
+            nonlocal templates
             if ref.offset not in cache:
                 try:
-                    cache[ref.offset] = codec.encode_json(mod, records.trace_at(ref), target)
+                    text = codec.canonical_from_json(mod, records.trace_at(ref))
+                    codec.decode(mod, text, target)   # it decodes, applies and postprocesses
                 except (codec.DecodeError, TypeError, ValueError):
-                    cache[ref.offset] = None
+                    text = None
+                cache[ref.offset] = text
+                if text is not None:   # the share of the data the guided decoder can write
+                    if templates is None:
+                        templates = guided.make_templates(mod, target)
+                    in_space[0] += guided.in_space(mod, target, text, templates)
+                    in_space[1] += 1
             return cache[ref.offset]
 
         def add(row: dict) -> None:
@@ -153,7 +163,8 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
                  "completion": script(dst), "latency_s": dst.latency_s, "source_latency_s": src.latency_s,
                  "speedup_vs_source": src.latency_s / dst.latency_s,
                  "speedup_vs_baseline": baseline / dst.latency_s if baseline else None})
-    stats = {"records": n_records, "failed_records": n_failed, "workloads": len(refs)}
+    stats = {"records": n_records, "failed_records": n_failed, "workloads": len(refs),
+             "scripts_in_guided_space": in_space[0], "scripts_encoded": in_space[1]}
     return rows, stats
 
 
@@ -181,8 +192,8 @@ def build_corpus(p: DataParams, exclude_hashes: set[str], target_spec, progress:
             continue
         description = describe(mod)
         for sch in schedules:
-            text = codec.encode(mod, sch.trace, target)
-            codec.decode(mod, text, target)  # the check: it decodes and applies
+            text = codec.canonical_script(sch.trace)
+            codec.decode(mod, text, target)  # the check: it decodes, applies and postprocesses
             rows.append({"workload": spec.id, "text": construction_prompt(description, target.kind.name) + text})
     bar.close()
     return rows
@@ -249,7 +260,9 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
 def _write_markdown(s: dict, path: str) -> None:
     lines = ["# Training data", "", f"- records read: {s['records']} ({s['failed_records']} failed candidates)",
              f"- workloads: {s['workloads']} (train/val/test: {s['split_workloads']})",
-             f"- examples: {s['examples']}", f"- pre-training corpus: {s['corpus_scripts']} scripts", "",
+             f"- examples: {s['examples']}", f"- pre-training corpus: {s['corpus_scripts']} scripts",
+             f"- measured scripts inside the guided decoder's space: {s.get('scripts_in_guided_space')} of "
+             f"{s.get('scripts_encoded')}", "",
              "| split | construction | refinement |", "| --- | --- | --- |"]
     for split in ("train", "val", "test"):
         d = s["by_split"].get(split, {})

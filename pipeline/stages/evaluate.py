@@ -44,6 +44,9 @@ class EvalParams:
     candidate: str = "rl"
     dataset_dir: str = "data/dataset"
     te_suite: list = field(default_factory=lambda: ["GMM:0", "SFM:0", "NRM:0"])
+    # te_workload kernels that are also timed and tuned with MetaSchedule; the others are checked
+    # for correctness only (built, run once, compared): timing them on 2 cores would take hours
+    te_timed: list = field(default_factory=lambda: ["GMM:0", "SFM:0", "NRM:0"])
     attempts: int = 4
     refinement_prompts: int = 3
     metaschedule_trials: int | None = None    # full budget; None: search.trials_per_workload
@@ -71,6 +74,7 @@ class Task:
     key: str
     source: str                      # "test" | "te_workload"
     mod: object
+    timed: bool = True               # timed and tuned with MetaSchedule (speedup metrics), or correctness only
     prompt: str = ""
     refinements: list = field(default_factory=list)   # [(prompt, source script)]
     ms_scripts: list = field(default_factory=list)
@@ -115,14 +119,34 @@ def make_tasks(p: EvalParams, specs: dict, target) -> list[Task]:
     out = list(tasks.values())
     for item in p.te_suite:
         mod = te_module(item)
-        out.append(Task(f"te:{item}", "te_workload", mod, construction_prompt(describe(mod), target.kind.name)))
+        out.append(Task(f"te:{item}", "te_workload", mod, item in p.te_timed,
+                        construction_prompt(describe(mod), target.kind.name)))
     return out
+
+
+def sampled_refinements(tasks: list[Task], measurer: Measurer, target, seed: int) -> None:
+    """Untimed te_workload kernels get a refinement prompt too: its source is a script sampled
+    from the kernel's design space (MetaSchedule's own random sampling), checked first."""
+    from pipeline import codec
+    from pipeline.space import SpaceError, sample_many
+
+    for t in tasks:
+        if t.source != "te_workload" or t.timed or t.refinements:
+            continue
+        try:
+            schedules = sample_many(t.mod, target, 1, seed=seed)
+        except SpaceError:
+            continue
+        for sch in schedules:
+            script = codec.canonical_script(sch.trace)
+            if measurer.measure([(t.key, script)], timed=False)[0].correct:
+                t.refinements = [(refinement_prompt(describe(t.mod), target.kind.name, script, 1.0), script)]
 
 
 def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool):
     from pipeline import metaschedule
 
-    for t in tqdm(tasks, desc="metaschedule", disable=not progress):
+    for t in tqdm([t for t in tasks if t.timed], desc="metaschedule", disable=not progress):
         tuned = metaschedule.tune(t.mod, target, trials, Path(p.work_dir) / t.key.replace(":", "_"), sp, t.key)
         t.ms_scripts, t.ms_seconds = tuned.scripts, tuned.seconds
         pairs = [(t.key, s) for s in tuned.scripts if s is not None]
@@ -150,17 +174,25 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     for t in tqdm(tasks, desc=f"evaluate {label} ({mode})", disable=not progress):
         start = time.perf_counter()
         w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)])
-        cons = measurer.measure([(t.key, s) for s in w.scripts[0]])
+        cons = _incomplete_fail(measurer.measure([(t.key, s) for s in w.scripts[0]], t.timed), w.complete[0])
         seconds = time.perf_counter() - start
         refs, complete, tokens, gen_s, retries = [], list(w.complete[0]), w.tokens, w.seconds, w.retries
         for prompt, src in t.refinements:
             wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)])
-            outs = measurer.measure([(t.key, s) for s in wr.scripts[0]])
-            refs.append({"source": measurer.measure([(t.key, src)])[0], "attempts": outs, "complete": wr.complete[0]})
+            outs = _incomplete_fail(measurer.measure([(t.key, s) for s in wr.scripts[0]], t.timed), wr.complete[0])
+            refs.append({"source": measurer.measure([(t.key, src)], t.timed)[0], "attempts": outs,
+                         "complete": wr.complete[0]})
             tokens, gen_s, retries = tokens + wr.tokens, gen_s + wr.seconds, retries + wr.retries
         out[t.key] = {"construction": cons, "seconds": seconds, "refinement": refs, "scripts": w.scripts[0],
                       "complete": complete, "tokens": tokens, "generation_seconds": gen_s, "retries": retries}
     return out
+
+
+def _incomplete_fail(outcomes: list[Outcome], complete: list) -> list[Outcome]:
+    """A guided script that stopped before its sketch was complete (out of tokens) is a failure,
+    never a correct short script. (Free scripts carry None: they are checked as written.)"""
+    return [Outcome("decode", "incomplete: the script ended before every decision of its sketch was made")
+            if c is False else o for o, c in zip(outcomes, complete)]
 
 
 def decoding_figures(res: dict) -> dict:
@@ -186,15 +218,30 @@ def _baseline(outcomes: list[Outcome]) -> float | None:
 def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
     counts = {"construction": {s: 0 for s in STAGES}, "refinement": {s: 0 for s in STAGES}}
     per_task, c_speed, r_speed, r_src, ratio_k, ratio_full, tts = [], [], [], [], [], [], []
+    no_correct = 0
     for t in tasks:
         r = res[t.key]
         for o in r["construction"]:
             counts["construction"][o.stage] += 1
+        if not t.timed:     # correctness only (built, run once, compared)
+            for x in r["refinement"]:
+                for o in x["attempts"]:
+                    counts["refinement"][o.stage] += 1
+            per_task.append({"task": t.key, "source": t.source, "timed": False,
+                             "correct_attempts": sum(o.correct for o in r["construction"]),
+                             "attempts": len(r["construction"]),
+                             "refinement_correct": sum(o.correct for x in r["refinement"] for o in x["attempts"]),
+                             "refinement_attempts": sum(len(x["attempts"]) for x in r["refinement"])})
+            continue
         every = r["construction"] + t.ms_outcomes + [a for x in r["refinement"] for a in x["attempts"]]
         base = _baseline(every)
         best = _best(r["construction"])
-        speedup = (base / best.latency_s) if best and base else 1.0
-        c_speed.append(speedup)
+        # a kernel with no correct script has no speedup: it is counted apart, never as 1x
+        speedup = (base / best.latency_s) if best and base else None
+        if speedup:
+            c_speed.append(speedup)
+        else:
+            no_correct += 1
         ms_k, ms_full = _best(t.ms_outcomes[:K]), _best(t.ms_outcomes)
         mine = best.latency_s if best else base
         if ms_k and mine:
@@ -215,16 +262,18 @@ def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
                 counts["refinement"][o.stage] += 1
             rb, src = _best(x["attempts"]), x["source"]
             src_lat = src.latency_s if src.correct else None
-            r_src.append(src_lat / rb.latency_s if rb and src_lat else 1.0)
-            lat = rb.latency_s if rb else src_lat
-            if lat and base:
-                r_speed.append(base / lat)
-        per_task.append({"task": t.key, "source": t.source, "baseline_s": base,
+            if rb and src_lat:
+                r_src.append(src_lat / rb.latency_s)
+            if rb and base:
+                r_speed.append(base / rb.latency_s)
+        per_task.append({"task": t.key, "source": t.source, "timed": True, "baseline_s": base,
                          "best_s": best.latency_s if best else None, "speedup": speedup,
                          "metaschedule_at_k_s": ms_k.latency_s if ms_k else None,
                          "metaschedule_full_s": ms_full.latency_s if ms_full else None,
                          "correct_attempts": sum(o.correct for o in r["construction"]),
-                         "attempts": len(r["construction"])})
+                         "attempts": len(r["construction"]),
+                         "refinement_correct": sum(o.correct for x in r["refinement"] for o in x["attempts"]),
+                         "refinement_attempts": sum(len(x["attempts"]) for x in r["refinement"])})
 
     def task_block(name, speeds, extra=None):
         c = counts[name]
@@ -235,7 +284,11 @@ def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
 
     reached = [x for x in tts if x["model_correct"]]
     return {
-        "construction": task_block("construction", c_speed, {"tasks": len(tasks)}),
+        "construction": task_block("construction", c_speed, {
+            "tasks": len(tasks), "timed_tasks": sum(t.timed for t in tasks),
+            "timed_tasks_without_correct_script": no_correct,
+            "kernels_below_098": [x["task"] for x in per_task
+                                  if x["attempts"] and x["correct_attempts"] / x["attempts"] < 0.98]}),
         "refinement": task_block("refinement", r_speed, {"prompts": len(r_src), "speedup_vs_source_geomean": geomean(r_src)}),
         "vs_metaschedule": {"latency_ratio": geomean(ratio_k), "latency_ratio_full_budget": geomean(ratio_full),
                             "equal_budget_candidates": K},
@@ -291,10 +344,10 @@ def _plots(metrics: dict, labels: list[str], out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = metrics["models"][labels[0]]["per_task"]
+    first = [t for t in metrics["models"][labels[0]]["per_task"] if t["timed"]]
     names = [t["task"] for t in first]
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)), 3.8))
-    series = {label: [t["speedup"] for t in metrics["models"][label]["per_task"]] for label in labels}
+    series = {label: [t["speedup"] or 0 for t in metrics["models"][label]["per_task"] if t["timed"]] for label in labels}
     series["MetaSchedule@K"] = [t["baseline_s"] / t["metaschedule_at_k_s"] if t["baseline_s"] and t["metaschedule_at_k_s"]
                                 else 0 for t in first]
     series["MetaSchedule full"] = [t["baseline_s"] / t["metaschedule_full_s"] if t["baseline_s"] and t["metaschedule_full_s"]
@@ -362,12 +415,15 @@ def write_markdown(metrics: dict, path: str) -> None:
         r = metrics["rl_vs_sft"]
         lines += ["", f"RL vs SFT: RL's best kernel faster on {r['construction_wins']} of {r['construction_tasks']} "
                   f"construction tasks and {r['refinement_wins']} of {r['refinement_prompts']} refinement prompts."]
-    lines += ["", "## Per task (candidate)", "", "| task | set | baseline s | model best s | speedup | MS@K s | MS full s | "
-              "correct/attempts |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Per task (candidate)", "", "Untimed kernels are checked for correctness only (built, run once, "
+              "compared with the unscheduled build).", "",
+              "| task | set | baseline s | model best s | speedup | MS@K s | MS full s | "
+              "construction correct | refinement correct |", "|---|---|---|---|---|---|---|---|---|"]
     for t in metrics["models"][metrics["candidate"]]["per_task"]:
-        lines.append(f"| {t['task']} | {t['source']} | {_fmt(t['baseline_s'], '.3g')} | {_fmt(t['best_s'], '.3g')} | "
-                     f"{_fmt(t['speedup'])} | {_fmt(t['metaschedule_at_k_s'], '.3g')} | {_fmt(t['metaschedule_full_s'], '.3g')}"
-                     f" | {t['correct_attempts']}/{t['attempts']} |")
+        lines.append(f"| {t['task']} | {t['source']} | {_fmt(t.get('baseline_s'), '.3g')} | {_fmt(t.get('best_s'), '.3g')} | "
+                     f"{_fmt(t.get('speedup'))} | {_fmt(t.get('metaschedule_at_k_s'), '.3g')} | "
+                     f"{_fmt(t.get('metaschedule_full_s'), '.3g')} | {t['correct_attempts']}/{t['attempts']} | "
+                     f"{t['refinement_correct']}/{t['refinement_attempts']} |")
     lines += ["", "## Time to schedule (candidate)", "", "| task | model s | MetaSchedule s to the same latency |",
               "|---|---|---|"]
     for x in metrics["models"][metrics["candidate"]]["time_to_schedule"]["per_task"]:
@@ -407,6 +463,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     for t in tasks:
         measurer.add(t.key, t.mod)
     run_metaschedule(p, tasks, measurer, sp, target, trials, progress)
+    sampled_refinements(tasks, measurer, target, p.seed)
     results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress)
                for label in labels}
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}

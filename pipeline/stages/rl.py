@@ -149,7 +149,7 @@ def guided_rollout(kernel_of: dict, temperature: float, top_p: float, max_new_to
     def rollout(prompts: list, trainer) -> dict:
         model, tok = trainer.model, trainer.processing_class
         was_training = model.training
-        prompt_ids, completion_ids = [], []
+        prompt_ids, completion_ids, complete = [], [], []
         i = 0
         while i < len(prompts):
             j = i
@@ -160,12 +160,14 @@ def guided_rollout(kernel_of: dict, temperature: float, top_p: float, max_new_to
             w = generate(model, tok, [prompts[i]], g, seed=trainer.state.global_step * 1000 + i,
                          kernels=[kernel_of[prompts[i]]])
             ids = tok(prompts[i], add_special_tokens=False)["input_ids"]
-            for x in w.token_ids[0]:
+            for x, c in zip(w.token_ids[0], w.complete[0]):
                 prompt_ids.append(ids)
                 completion_ids.append(x or [tok.eos_token_id])
+                complete.append(c)
             i = j
         model.train(was_training)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+        # extra fields reach the reward functions: an incomplete guided script scores as a failure
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None, "complete": complete}
 
     return rollout
 
