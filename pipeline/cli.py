@@ -2,6 +2,7 @@
 
     little-dragon catalog [--verify]     the workload catalog (and its distinctness check)
     little-dragon search                 stage 1: MetaSchedule search
+    little-dragon corpus [--workers N]   the pre-training corpus (design-space scripts, sharded)
     little-dragon data                   stage 2: training examples + pre-training corpus
     little-dragon validate               stage 3: Great Expectations validation (fails the pipeline)
     little-dragon sft                    stage 4: SFT (TRL; LoRA through PEFT for a pretrained base)
@@ -39,6 +40,13 @@ def _codec_report(args) -> int:
     from pipeline.stages import codec_report
 
     codec_report.main(args.params)
+    return 0
+
+
+def _corpus(args) -> int:
+    from pipeline.stages import corpus
+
+    corpus.main(args.params, progress=not args.quiet, workers=args.workers)
     return 0
 
 
@@ -159,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_search)
 
+    p = sub.add_parser("corpus", help="the pre-training corpus: design-space scripts, parallel, sharded, resumable")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: corpus.workers; 0 = all cores)")
+    p.set_defaults(func=_corpus)
     p = sub.add_parser("data", help="stage 2: training examples and the pre-training corpus")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_data)

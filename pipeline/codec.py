@@ -151,6 +151,14 @@ KEYS = {
     "sps": "software_pipeline_stage", "spo": "software_pipeline_order",
     "spa": "software_pipeline_async_stages", "we": "warp_execution",
 }
+# Only keys MetaSchedule's rules, mutators and postprocessors write may be annotated: a script
+# must not attach e.g. `pragma_import_llvm` / `pragma_import_c`, which link arbitrary IR or a
+# file into the kernel (tvm/s_tir/stmt.h lists the schedule attributes).
+ALLOWED_KEYS = frozenset(KEYS.values()) | {
+    "meta_schedule.inline_rule", "double_buffer_scope", "auto_copy", "local_stage", "vector_bytes"}
+# No block has anywhere near this many loops or outputs; a count above it is refused before
+# any name is allocated (a script like `L b0 999999999` must not exhaust memory).
+MAX_COUNT = 1024
 AXES = {f"{a}{d}": f"{name}.{d}" for a, name in (("b", "blockIdx"), ("t", "threadIdx"), ("v", "vthread")) for d in "xyz"}
 _KEYS_INV = {v: k for k, v in KEYS.items()}
 _AXES_INV = {v: k for k, v in AXES.items()}
@@ -554,6 +562,8 @@ def _dec_refs(tok: str) -> list:
             p, a, b = _RANGE.match(item).groups()
             if int(b) <= int(a):
                 raise _Bad("syntax", f"empty range {item!r}")
+            if int(b) - int(a) >= MAX_COUNT:
+                raise _Bad("arity", f"range {item!r} names more than {MAX_COUNT} variables")
             out.extend(f"{p}{k}" for k in range(int(a), int(b) + 1))
         else:
             raise _Bad("syntax", f"expected references, got {item!r}")
@@ -644,8 +654,8 @@ def _parse_short_values(form: Form, toks: list[str], kind: str):
         elif src == "dec":
             decision = value
         else:
-            if value < 0:
-                raise _Bad("arity", f"output count must be >= 0, got {value}")
+            if not 0 <= value <= MAX_COUNT:
+                raise _Bad("arity", f"output count must be in [0, {MAX_COUNT}], got {value}")
             n_out = value
     if kind == "SamplePerfectTile":
         if not decision:
@@ -719,6 +729,8 @@ def parse(text: str) -> tuple[list, list, str, list[int]]:
                 inputs, attrs, n_out, decision = _parse_short_values(FORMS[kind], [t for t, _ in toks[1:]], kind)
                 _check_refs(inputs, env, quoted_ok=False)
                 inst = [kind, inputs, attrs, env.new(FORMS[kind].out, n_out)]
+            if kind in ("Annotate", "Unannotate"):
+                _check_key(inst[2][0] if inst[2] else None)
             if kind == "EnterPostproc":
                 if mode == "explicit":
                     raise _Bad("syntax", "POST appears twice")
@@ -730,6 +742,12 @@ def parse(text: str) -> tuple[list, list, str, list[int]]:
         insts.append(inst)
         lines.append(lineno)
     return insts, decisions, mode, lines
+
+
+def _check_key(key) -> None:
+    value = key.strip('"') if isinstance(key, str) else key
+    if value not in ALLOWED_KEYS:
+        raise _Bad("syntax", f"annotation key {key!r} is not one MetaSchedule writes")
 
 
 def _parse_generic(kind: str, rest: str, env: _Env):
@@ -749,6 +767,8 @@ def _parse_generic(kind: str, rest: str, env: _Env):
     inputs, attrs, outputs, decision = body
     inputs, attrs = _expand_strings(inputs), _expand_strings(attrs)
     _check_refs(inputs, env, quoted_ok=True)
+    if len(outputs) > MAX_COUNT:
+        raise _Bad("arity", f"more than {MAX_COUNT} outputs")
     expected_numbers = list(range(env.count, env.count + len(outputs)))
     for name, number in zip(outputs, expected_numbers):
         m = _NAME.match(name) if isinstance(name, str) else None

@@ -26,19 +26,48 @@ try:
     import mlflow.pyfunc
 
     class ScriptWriter(mlflow.pyfunc.PythonModel):
-        """Prompts (a DataFrame column `prompt`, or a list of strings) -> one list of scripts each."""
+        """A DataFrame -> one list of scripts per row. Columns: `kernel` (TVMScript of the
+        kernel) and `target` (JSON or a tag; default LLVM) for guided decoding (the default:
+        every script valid and complete for that kernel); `prompt` overrides the construction
+        prompt built from the kernel (e.g. a refinement prompt). A row with no kernel can only
+        be sampled freely, from its `prompt`."""
 
         def load_context(self, context):
             self.model, self.tokenizer = models.load(context.artifacts["model"])
 
         def predict(self, context, model_input, params=None):
+            from dataclasses import replace
+
             from pipeline.generate import GenerationParams, generate
 
-            prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
+            rows = (model_input.to_dict("records") if hasattr(model_input, "to_dict")
+                    else [{"prompt": p} for p in model_input])
             g = GenerationParams(**{k: v for k, v in (params or {}).items() if k in GenerationParams.__annotations__})
-            return generate(self.model, self.tokenizer, prompts, g)
+            out = []
+            for r in rows:
+                kernel = r.get("kernel")
+                if isinstance(kernel, str) and kernel.strip():
+                    mod, target, prompt = _kernel_prompt(kernel, r.get("target"), r.get("prompt"))
+                    out.append(generate(self.model, self.tokenizer, [prompt], g, kernels=[(mod, target)]).scripts[0])
+                else:
+                    out.append(generate(self.model, self.tokenizer, [r["prompt"]], replace(g, guided=False)).scripts[0])
+            return out
+
 except ImportError:  # mlflow is a dependency; this keeps `import pipeline.registry` cheap to fail
     ScriptWriter = None
+
+
+def _kernel_prompt(kernel: str, target_spec, prompt):
+    """TVMScript text -> (module, target, prompt): what guided decoding needs for a row."""
+    from pipeline.describe import describe
+    from pipeline.prompts import construction_prompt
+    from pipeline.tvm_env import make_target, tvm
+
+    parsed = tvm.script.from_source(kernel)
+    mod = parsed if isinstance(parsed, tvm.IRModule) else tvm.IRModule({"main": parsed})
+    target = make_target(target_spec if isinstance(target_spec, str) and target_spec else
+                         {"kind": "llvm", "num-cores": 2})
+    return mod, target, prompt if isinstance(prompt, str) and prompt else construction_prompt(describe(mod), target.kind.name)
 
 
 def _client():
@@ -62,8 +91,12 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
         import pandas as pd
         from mlflow.models import infer_signature
 
+        from mlflow.types.schema import ColSpec, Schema
+
         signature = infer_signature(pd.DataFrame({"prompt": ["target: llvm ..."]}), ["B main ..."],
-                                    params={"attempts": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 384})
+                                    params={"attempts": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 640,
+                                            "guided": True})
+        signature.inputs = Schema([ColSpec("string", name, required=False) for name in ("prompt", "kernel", "target")])
         info = mlflow.pyfunc.log_model(
             name="model", python_model=ScriptWriter(), artifacts={"model": str(model_dir)}, signature=signature,
             pip_requirements=["little-dragon", "torch", "transformers", "peft", "apache-tvm"])

@@ -213,3 +213,21 @@ def test_decode_error_stage_mapping():
     assert DecodeError("syntax", "x").stage == "decode"
     assert DecodeError("schedule", "x").stage == "apply"
     assert DecodeError("postproc", "x").stage == "postproc"
+
+
+@pytest.mark.parametrize("key", ["pragma_import_llvm", "pragma_import_c"])
+def test_annotations_that_link_code_are_refused(matmul_mod, cpu_target, key):
+    """A script cannot attach pragmas that import LLVM IR or C source into the kernel, in the
+    short form or the generic one."""
+    short = f'B matmul\nA b0 "{key}" "/etc/passwd"'
+    generic = 'B matmul\n!Annotate [["b0","\\"x\\""],["' + key + '"],[],null]'
+    for text in (short, generic):
+        with pytest.raises(codec.DecodeError, match="not one MetaSchedule writes"):
+            codec.decode(matmul_mod, text, cpu_target)
+
+
+@pytest.mark.parametrize("text", ["B matmul\nL b0 999999999", "B matmul\nL b0 3\nS l1 v2-999999999"])
+def test_huge_counts_are_refused_before_allocating(matmul_mod, cpu_target, text):
+    with pytest.raises(codec.DecodeError) as err:     # before a billion names are made
+        codec.decode(matmul_mod, text, cpu_target)
+    assert err.value.category == "arity"

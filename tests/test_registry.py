@@ -38,5 +38,16 @@ def test_promotion_refusal_and_pull(store, cpu_target):
     pyfunc = mlflow.pyfunc.load_model(f"models:/{registry.NAME}@{registry.ALIAS}")
     import pandas as pd
 
-    out = pyfunc.predict(pd.DataFrame({"prompt": [prompt]}), params={"attempts": 2, "max_new_tokens": 16})
-    assert len(out) == 1 and len(out[0]) == 2 and all(isinstance(s, str) for s in out[0])
+    from helpers import SPEC
+
+    from pipeline.codec import decode
+    from pipeline.workloads import build
+
+    mod = build(SPEC)
+    out = pyfunc.predict(pd.DataFrame({"kernel": [mod.script()], "target": ['{"kind": "llvm", "num-cores": 2}']}),
+                         params={"attempts": 2, "max_new_tokens": 600})
+    assert len(out) == 1 and len(out[0]) == 2
+    for script in out[0]:        # guided by the kernel: every script valid
+        decode(mod, script, cpu_target)
+    free = pyfunc.predict(pd.DataFrame({"prompt": [prompt]}), params={"attempts": 2, "max_new_tokens": 16})
+    assert len(free) == 1 and len(free[0]) == 2 and all(isinstance(s, str) for s in free[0])

@@ -3,7 +3,7 @@
     little-dragon data
 
 Writes `data/dataset/{train,val,test}.jsonl` (construction and refinement examples),
-`data/dataset/corpus.jsonl` (scripts sampled from design spaces, no measurement: the
+`data/dataset/corpus.jsonl` (the corpus stage's scripts for the training target: the
 pre-training corpus, as TLM does), and `reports/data.json`, `reports/data.md`, `reports/data.png`.
 
 - Construction: kernel -> one of its `top_k` best measured scripts.
@@ -31,9 +31,8 @@ from tqdm import tqdm
 from pipeline import codec, files, guided, params as P, records
 from pipeline.describe import describe
 from pipeline.prompts import construction_prompt, refinement_prompt
-from pipeline.space import SpaceError, sample_many
-from pipeline.tvm_env import make_target, structural_hash
-from pipeline.workloads import Spec, build, catalog, held_out_hashes
+from pipeline.tvm_env import make_target
+from pipeline.workloads import Spec, build
 
 
 
@@ -46,8 +45,7 @@ class DataParams:
     max_pairs_per_workload: int = 400
     val_fraction: float = 0.1
     test_fraction: float = 0.1
-    corpus_workloads: int = 200      # catalog workloads sampled for the pre-training corpus
-    corpus_samples_per_workload: int = 4
+    corpus_max: int | None = None    # at most this many corpus scripts in corpus.jsonl (None: all)
     seed: int = 0
     report: str = "reports/data.json"
 
@@ -168,34 +166,18 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
     return rows, stats
 
 
-def build_corpus(p: DataParams, exclude_hashes: set[str], target_spec, progress: bool = True) -> list[dict]:
-    """Scripts sampled from the design spaces of catalog workloads, each checked to decode
-    and apply (decode runs the schedule and the postprocessors), no measurement."""
-    target = make_target(target_spec)
-    held = held_out_hashes()
+def load_corpus(p: DataParams, exclude_ids: set[str], target_spec, params_path: str = "params.yaml") -> list[dict]:
+    """The corpus stage's scripts for the training target, minus any workload of the
+    validation and test splits (the corpus stage already leaves out every search workload)."""
+    from pipeline.stages.corpus import planned, read
+
     rows = []
-    specs = catalog(p.seed + 1)
-    bar = tqdm(total=p.corpus_workloads, desc="corpus", disable=not progress)
-    used = 0
-    for spec in specs:
-        if used >= p.corpus_workloads:
+    for row in read(planned(params_path, target_spec)):
+        if row["workload"] in exclude_ids:
+            continue
+        rows.append({"workload": row["workload"], "text": row["text"]})
+        if p.corpus_max is not None and len(rows) >= p.corpus_max:
             break
-        mod = build(spec)
-        h = structural_hash(mod)
-        if h in exclude_hashes or h in held:
-            continue
-        used += 1
-        bar.update(1)
-        try:
-            schedules = sample_many(mod, target, p.corpus_samples_per_workload, seed=p.seed)
-        except SpaceError:
-            continue
-        description = describe(mod)
-        for sch in schedules:
-            text = codec.canonical_script(sch.trace)
-            codec.decode(mod, text, target)  # the check: it decodes, applies and postprocesses
-            rows.append({"workload": spec.id, "text": construction_prompt(description, target.kind.name) + text})
-    bar.close()
     return rows
 
 
@@ -241,10 +223,11 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     # The corpus is sampled for the search stage's target (one source of truth for it).
     target_spec = yaml.safe_load(Path(params_path).read_text())["search"]["target"]
     rows, stats = build_examples(p, progress)
-    # The search shards already record each workload's structural hash.
     eval_ids = {r["workload"] for r in rows if r["split"] != "train"}
-    eval_hashes = {h for h, w in _load_workloads(p.search_dir).items() if w["id"] in eval_ids}
-    corpus = build_corpus(p, eval_hashes, target_spec, progress)
+    corpus = load_corpus(p, eval_ids, target_spec, params_path)
+    if not corpus:
+        print(f"data: no corpus scripts for {target_spec} (run `little-dragon corpus`); "
+              "SFT will skip pre-training")
     out = Path(p.output_dir)
     for split in ("train", "val", "test"):
         files.write_jsonl(out / f"{split}.jsonl", (r for r in rows if r["split"] == split))
