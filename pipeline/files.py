@@ -52,3 +52,30 @@ def read_jsonl(path: Path | str) -> Iterator[Any]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def save_model_dir(model, tokenizer, dest: Path | str) -> Path:
+    """Save a model and its tokenizer into a fresh folder beside `dest`, then swap it in: no
+    file of an earlier model (a LoRA run's adapter_config.json, say) survives, and an
+    interruption leaves the old model in place."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.new-"))
+    model.save_pretrained(new)
+    tokenizer.save_pretrained(new)
+    swap_dir(new, dest)
+    return dest
+
+
+def swap_dir(new: Path, dest: Path) -> None:
+    """Replace folder `dest` by folder `new` (same file system) with two renames."""
+    import shutil
+
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        old.rmdir()
+        dest.rename(old)
+    new.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -16,6 +16,11 @@ def is_adapter(model_dir: str | Path) -> bool:
     return (Path(model_dir) / "adapter_config.json").exists()
 
 
+def is_model_dir(path: str | Path) -> bool:
+    """A folder that holds a full model or an adapter (what `pull` may replace)."""
+    return (Path(path) / "config.json").exists() or is_adapter(path)
+
+
 def base_of(model_dir: str | Path) -> str | None:
     """The base model directory a LoRA adapter needs, or None for a full model."""
     if not is_adapter(model_dir):

@@ -74,3 +74,35 @@ def trace_at(ref: RecordRef) -> list:
     with open(ref.path, "rb") as f:
         f.seek(ref.offset)
         return json.loads(f.readline())[1][0]
+
+
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def repair(shard: Path | str) -> int:
+    """Cut a torn tail (an append interrupted by a kill) from a shard's JSONDatabase files,
+    which TVM's JSONDatabase otherwise refuses to open. Every complete line is kept, once.
+    Returns the number of bytes removed."""
+    removed = 0
+    for name in DATABASE_FILES:
+        path = Path(shard) / name
+        if not path.exists():
+            continue
+        keep = offset = 0
+        with open(path, "rb") as f:
+            for line in f:                       # append-only: only the tail can be torn
+                offset += len(line)
+                if not line.endswith(b"\n"):
+                    break
+                if line.strip():
+                    try:
+                        json.loads(line)
+                    except json.JSONDecodeError:
+                        break
+                keep = offset
+        size = path.stat().st_size
+        if keep < size:
+            with open(path, "r+b") as f:
+                f.truncate(keep)
+            removed += size - keep
+    return removed

@@ -10,9 +10,10 @@ gate is tagged `gate=failed` and `gate_reasons`; the previous champion stays.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
-from pipeline import models, tracking
+from pipeline import files, models, tracking
 
 NAME = "little-dragon"
 ALIAS = "champion"
@@ -134,13 +135,20 @@ def pull(dest: str | Path, alias: str = ALIAS) -> Path:
         raise RegistryError(f"no version of '{NAME}' holds the alias '{alias}' in {tracking.tracking_uri()}: "
                             "no evaluated model has passed the gates yet (see reports/metrics.json)")
     dest = Path(dest)
-    staging = dest.with_name(dest.name + ".download")
-    shutil.rmtree(staging, ignore_errors=True)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{NAME}@{alias}", dst_path=str(staging)))
-    found = [p.parent for p in local.rglob("config.json")] + [p.parent for p in local.rglob("adapter_config.json")]
-    if not found:
-        raise RegistryError(f"models:/{NAME}@{alias} holds no model directory")
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(found[0], dest)
-    shutil.rmtree(staging, ignore_errors=True)
+    if dest.exists() and not models.is_model_dir(dest):
+        raise RegistryError(f"{dest} exists and is not a model folder (no config.json or adapter_config.json): "
+                            "refusing to replace it; pass --dest with a new or model folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.download-"))
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{NAME}@{alias}", dst_path=str(staging)))
+        found = [p.parent for p in local.rglob("config.json")] + [p.parent for p in local.rglob("adapter_config.json")]
+        if not found:
+            raise RegistryError(f"models:/{NAME}@{alias} holds no model directory")
+        new = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.new-"))
+        new.rmdir()
+        shutil.copytree(found[0], new)
+        files.swap_dir(new, dest)     # the old champion stays until the new one is complete
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return dest

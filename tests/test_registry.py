@@ -51,3 +51,34 @@ def test_promotion_refusal_and_pull(store, cpu_target):
         decode(mod, script, cpu_target)
     free = pyfunc.predict(pd.DataFrame({"prompt": [prompt]}), params={"attempts": 2, "max_new_tokens": 16})
     assert len(free) == 1 and len(free[0]) == 2 and all(isinstance(s, str) for s in free[0])
+
+
+def test_pull_refuses_a_folder_that_is_not_a_model(store, cpu_target):
+    tiny_model(store / "model", cpu_target, steps=2)
+    v = registry.register("sft", str(store / "model"), {}, {}, [], [], {"passed": True, "reasons": []})
+    registry.promote(v["version"])
+    precious = store / "my-notes"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(registry.RegistryError, match="not a model folder"):
+        registry.pull(precious)
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    # a model folder is replaced whole, and nothing is left beside it
+    old = store / "champ"
+    registry.pull(old)
+    (old / "stale.txt").write_text("x")
+    registry.pull(old)
+    assert models.is_model_dir(old) and not (old / "stale.txt").exists()
+    assert [p.name for p in store.iterdir() if p.name.startswith(".champ")] == []
+
+
+def test_saving_a_model_over_a_lora_folder_leaves_no_adapter_behind(store, cpu_target):
+    from pipeline import files
+
+    tiny_model(store / "model", cpu_target, steps=2)
+    model, tok = models.load(store / "model")
+    dest = store / "out"
+    dest.mkdir()
+    (dest / "adapter_config.json").write_text('{"base_model_name_or_path": "/nowhere"}')
+    files.save_model_dir(model, tok, dest)
+    assert not models.is_adapter(dest) and models.load(dest)[0].config.hidden_size == 32

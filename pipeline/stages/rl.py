@@ -213,10 +213,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     start = time.perf_counter()
     model, tokenizer, reward, history = train(p, prompts, specs, raw["search"]["target"], progress)
     seconds = time.perf_counter() - start
-    out = Path(p.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    out = files.save_model_dir(model, tokenizer, p.output_dir)   # a fresh folder, swapped in
     summary = summarize(reward.log, history)
     report = {"start_model": p.model_dir, "train_seconds": round(seconds, 1), "steps": p.steps,
               "prompts": len(prompts), "checked_scripts": reward.measurer.builds,

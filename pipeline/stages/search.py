@@ -206,6 +206,7 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
     for i, shard in enumerate(shards):
         shard_dir = work / f"shard-{i:04d}"
         shard_dir.mkdir(exist_ok=True)
+        records.repair(shard_dir)   # a killed run may have left half a record: TVM would refuse the file
         entries = [{**s.to_json(), "hash": structural_hash(build(s)), "target": p.target} for s in shard]
         files.write_json(shard_dir / "workloads.json", entries)
         counts = record_counts(shard_dir)

@@ -218,10 +218,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     start = time.perf_counter()
     model, tokenizer, history = train(p, train_rows, corpus, progress)
     train_s = time.perf_counter() - start
-    out = Path(p.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    out = files.save_model_dir(model, tokenizer, p.output_dir)   # a fresh folder, swapped in
     specs = records.workload_entries(raw["data"]["search_dir"])
     evaluation = per_attempt_correctness(model, tokenizer, val_rows, specs, raw["search"]["target"], p, progress)
     n_params = sum(t.numel() for t in model.parameters())
