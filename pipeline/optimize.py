@@ -36,8 +36,42 @@ def _as_module(obj):
     return None
 
 
-def load_kernel(path: str | Path):
-    """An IRModule with one PrimFunc `main`, or KernelError."""
+def load_kernel(path: str | Path, timeout_s: float = 60.0):
+    """An IRModule with one PrimFunc `main`, or KernelError. The file is code (a Python file
+    runs; TVMScript evaluates expressions): it is loaded in a worker process with a timeout,
+    so a kernel file that hangs or crashes costs that worker, not this process."""
+    import concurrent.futures
+    import multiprocessing
+
+    from pipeline.tvm_env import tvm
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        future = pool.submit(_load_kernel_json, str(path))
+        try:
+            ok, payload = future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+            raise KernelError(f"{path}: loading it took more than {timeout_s:.0f} s") from None
+        except concurrent.futures.process.BrokenProcessPool:
+            raise KernelError(f"{path}: loading it crashed the worker process") from None
+    if not ok:
+        raise KernelError(payload)
+    return tvm.ir.load_json(payload)
+
+
+def _load_kernel_json(path: str) -> tuple[bool, str]:
+    from pipeline.tvm_env import tvm
+
+    try:
+        return True, tvm.ir.save_json(_load_kernel_here(path))
+    except KernelError as err:
+        return False, str(err)
+
+
+def _load_kernel_here(path: str | Path):
+    """load_kernel's work, in the current process."""
     from pipeline.tvm_env import tvm
 
     path = Path(path)
@@ -83,7 +117,7 @@ def optimize(kernel_path: str, target_spec, attempts: int, model_dir: str, out_d
              timeout_s: float = 60.0, progress: bool = True, free: bool = False) -> dict:
     from pipeline import codec, models
     from pipeline.prompts import construction_prompt
-    from pipeline.describe import describe
+    from pipeline.describe import DescribeError, describe
     from pipeline.generate import GenerationParams, generate
     from pipeline.tvm_env import Schedule, make_target
     from pipeline.verify import Checker
@@ -91,7 +125,10 @@ def optimize(kernel_path: str, target_spec, attempts: int, model_dir: str, out_d
     mod = load_kernel(kernel_path)
     target = make_target(target_spec)
     model, tok = models.load(model_dir)
-    prompt = construction_prompt(describe(mod), target.kind.name)
+    try:
+        prompt = construction_prompt(describe(mod), target.kind.name)
+    except DescribeError as err:
+        raise KernelError(f"{kernel_path}: {err}") from None
     g = GenerationParams(attempts=attempts, guided=not free)
     start = time.perf_counter()
     scripts = generate(model, tok, [prompt], g, kernels=[(mod, target)]).scripts[0]
