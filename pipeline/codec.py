@@ -868,8 +868,14 @@ def canonical_from_json(mod, trace_json: list) -> str:
     return canonical_script(sch.trace)
 
 
-def round_trips(mod, trace: Trace, target) -> bool:
-    """True when decode(encode(trace)) is exactly `trace` (canonical JSON and Python form)."""
-    text = encode(mod, trace, target)
-    back = decode(mod, text, target)
+def round_trips(mod, trace: Trace, target, text: str | None = None) -> bool:
+    """True when decode(encode(trace)) is exactly `trace` (canonical JSON and Python form);
+    with `text`, also that `text` is what `trace` encodes to."""
+    encoded = encode(mod, trace, target)
+    if text is not None and encoded != text:
+        return False
+    try:
+        back = decode(mod, encoded, target)
+    except DecodeError:
+        return False
     return trace_to_json(back) == trace_to_json(trace) and back.as_python() == trace.as_python()

@@ -88,15 +88,16 @@ def measure_baseline(mod, target, number: int = 3, repeat: int = 5, min_repeat_m
     try:
         executable = build(baseline_module(mod, target), target)
     except TVM_ERRORS as err:
-        return Timing(None, _short(err), "build")
+        return Timing(None, short_error(err), "build")
     if not device_available(target):
         return Timing(None, f"no {target.kind.name} device on this machine", "run")
     try:
         return Timing(time_executable(executable, target, random_inputs(mod), number, repeat, min_repeat_ms))
     except TVM_ERRORS as err:
-        return Timing(None, _short(err), "run")
+        return Timing(None, short_error(err), "run")
 
 
-def _short(err: Exception) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(err).__name__)[:500]
+def short_error(err: BaseException) -> str:
+    """The last informative line of a TVM error (not a caret or a bare location)."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if sum(c.isalpha() for c in ln) > 3]
+    return (lines[-1] if lines else type(err).__name__)[:300]

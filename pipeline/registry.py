@@ -84,8 +84,14 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
     gate decision. Does not move the alias (promote does). Returns {run_id, version, ...}."""
     mlflow = tracking.setup()
     base = models.base_of(model_dir)
+    digest = model_digest(model_dir)
+    # Idempotent: a retried evaluation of the same model files registers nothing twice.
+    for v in _client().search_model_versions(f"name='{NAME}'"):
+        if v.tags.get("model_sha256") == digest and v.tags.get("model_label") == label:
+            return {"label": label, "run_id": v.run_id, "version": int(v.version), "gate": gate,
+                    "base_model": base, "already_registered": True}
     tags = {"model_label": label, "gate": "passed" if gate["passed"] else "failed",
-            "base_model": base or "none (full model)"}
+            "base_model": base or "none (full model)", "model_sha256": digest}
     with mlflow.start_run(run_name=f"evaluate-{label}") as run:
         tracking.log_to_active_run(params, metrics, curves, artifacts)
         mlflow.set_tags(tags)
@@ -111,6 +117,19 @@ def register(label: str, model_dir: str, params: dict, metrics: dict, curves, ar
         client.set_model_version_tag(NAME, version.version, k, v)
     return {"label": label, "run_id": run_id, "version": int(version.version), "gate": gate,
             "base_model": base}
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """SHA-256 over a model folder's files (names and contents): the identity of a model."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(model_dir)).encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def champion() -> dict | None:

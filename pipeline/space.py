@@ -1,7 +1,8 @@
 """MetaSchedule design spaces: generate them, sample scripts from them, run postprocessing.
 
-Shared by the codec (which re-derives the postprocessing section of a trace), the search
-stage, and the pre-training corpus (random scripts from the design space, as TLM does).
+Used by the codec (which re-derives the postprocessing section of a trace), the guided
+decoder (pipeline.sketch: the sketches), the corpus stage (random scripts from the design
+space, as TLM does), the codec report and the evaluation (sampled refinement sources).
 Everything here runs on the CPU, for CUDA targets too: only building for real and timing
 need a GPU.
 """

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipeline import codec
-from pipeline.measure import TOLERANCES, baseline_module, build, device_available, random_inputs, run, time_executable
+from pipeline.measure import (TOLERANCES, baseline_module, build, device_available, random_inputs, run,
+                              short_error as _short, time_executable)
 from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, structural_hash, tvm, worker_init
 
 STAGES = ("decode", "apply", "postproc", "build", "run", "numerics", "ok")
@@ -46,12 +47,6 @@ class Outcome:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def _short(err: BaseException) -> str:
-    """The last informative line of a TVM error (not a caret or a bare location)."""
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if sum(c.isalpha() for c in ln) > 3]
-    return (lines[-1] if lines else type(err).__name__)[:300]
 
 
 # (workload hash, target, seed) -> (reference outputs, reference latency or None). Per process.

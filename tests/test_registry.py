@@ -27,6 +27,9 @@ def test_promotion_refusal_and_pull(store, cpu_target):
     v1 = registry.register("sft", str(store / "model"), {"attempts": 4}, {"construction.correctness": 0.95}, [], [], good)
     registry.promote(v1["version"])
     assert registry.champion()["version"] == v1["version"] == 1
+    # a retried evaluation registers nothing twice
+    again = registry.register("sft", str(store / "model"), {"attempts": 4}, {"construction.correctness": 0.95}, [], [], good)
+    assert again["version"] == 1 and again["already_registered"]
     bad = {"passed": False, "reasons": ["construction correctness 0.1 < 0.9"]}
     v2 = registry.register("rl", str(store / "model"), {}, {"construction.correctness": 0.1}, [], [], bad)
     assert v2["version"] == 2 and registry.champion()["version"] == 1   # refused: champion stays

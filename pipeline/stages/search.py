@@ -1,4 +1,5 @@
-"""Stage 1, GPU search: MetaSchedule tuning over a slice of the catalog; every candidate kept.
+"""Stage 1, search: MetaSchedule tuning over a slice of the catalog (LLVM on the CPU default,
+CUDA in the GPU profile); every candidate kept.
 
     little-dragon search [--params params.yaml]
 

@@ -83,8 +83,7 @@ def _round_trips(mod, text, target) -> bool:
     if not isinstance(text, str):
         return False
     try:
-        trace = codec.decode(mod, text, target)
-        return codec.encode(mod, trace, target) == text
+        return codec.round_trips(mod, codec.decode(mod, text, target), target, text)
     except codec.DecodeError:
         return False
 
