@@ -1,13 +1,15 @@
 """Prefect flows over the DVC stages: the whole pipeline and one flow per stage group.
 
-Every flow takes `profile` (None: params.yaml as it is; "cpu", "gpu", "tiny": profiles/<name>.yaml
-is copied over params.yaml) and `overrides` ({"rl.steps": 8, ...}: dotted keys written into
-params.yaml). DVC records the values each stage ran with in dvc.lock, as `dvc exp run
---set-param` would, and `dvc repro` reproduces them.
+Every flow takes `profile` (None: params.yaml as it is; "cpu", "gpu", "tiny": profiles/<name>.yaml)
+and `overrides` ({"rl.steps": 8, ...}: dotted keys). For the run, they are written into
+params.yaml, so DVC records in dvc.lock the values each stage ran with (as `dvc exp run
+--set-param` does); when the flow ends, failed or not, the user's own params.yaml is put back
+byte for byte, so a later `make repro` runs the user's parameters, never the last UI run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from typing import Any
 
@@ -15,12 +17,13 @@ import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows.stages import project_root, run_stage
+from flows.stages import project_root, run_stage, stages_of
 
-SEARCH = ["catalog", "search", "codec_report"]
-DATA = ["data", "validate"]
-TRAIN = ["sft", "rl"]
-EVALUATE = ["evaluate"]
+
+def _stages(flow_name: str) -> list[str]:
+    """The stages a flow runs, in dvc.yaml's order (dvc.yaml's `meta.flow` names the flow):
+    the stage graph lives in dvc.yaml alone."""
+    return stages_of(flow_name)
 
 
 class GateFailed(RuntimeError):
@@ -54,6 +57,18 @@ def apply_params(profile: str | None, overrides: dict[str, Any] | None) -> dict:
     return {"profile": profile, "overrides": overrides or {}}
 
 
+@contextlib.contextmanager
+def params_for_run(profile: str | None, overrides: dict[str, Any] | None):
+    """Apply a profile and overrides to params.yaml for the duration of a flow run only."""
+    target = project_root() / "params.yaml"
+    original = target.read_bytes()
+    try:
+        yield apply_params(profile, overrides)
+    finally:
+        if profile or overrides:
+            target.write_bytes(original)
+
+
 def _run(stages: list[str]) -> dict:
     return {s: run_stage(s) for s in stages}
 
@@ -61,30 +76,31 @@ def _run(stages: list[str]) -> dict:
 @flow(name="search", log_prints=True)
 def search_flow(profile: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
     """MetaSchedule search over the catalog (catalog, search, codec report)."""
-    apply_params(profile, overrides)
-    return _run(SEARCH)
+    with params_for_run(profile, overrides):
+        return _run(_stages("search"))
 
 
 @flow(name="data", log_prints=True)
 def data_flow(profile: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
-    """Training examples from the search records, validated with Great Expectations."""
-    apply_params(profile, overrides)
-    return _run(DATA)
+    """The pre-training corpus and training examples from the search records, validated with
+    Great Expectations."""
+    with params_for_run(profile, overrides):
+        return _run(_stages("data"))
 
 
 @flow(name="train", log_prints=True)
 def train_flow(profile: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
     """SFT, then RL with the measured reward."""
-    apply_params(profile, overrides)
-    return _run(TRAIN)
+    with params_for_run(profile, overrides):
+        return _run(_stages("train"))
 
 
 @flow(name="evaluate-and-register", log_prints=True)
 def evaluate_flow(profile: str | None = None, overrides: dict[str, Any] | None = None,
                   fail_on_gate: bool = False) -> dict:
     """Gated evaluation; registers every model in MLflow, champion only when the gates pass."""
-    apply_params(profile, overrides)
-    out = _run(EVALUATE)
+    with params_for_run(profile, overrides):
+        out = _run(_stages("evaluate-and-register"))
     gate = out["evaluate"].get("gate", {})
     if fail_on_gate and not gate.get("passed"):
         raise GateFailed("gate failed: " + "; ".join(gate.get("reasons", [])))
@@ -96,13 +112,13 @@ def pipeline_flow(profile: str | None = None, overrides: dict[str, Any] | None =
                   fail_on_gate: bool = False) -> dict:
     """The whole pipeline: search -> data -> train -> evaluate-and-register."""
     log = get_run_logger()
-    applied = apply_params(profile, overrides)
-    log.info("parameters: %s", applied)
-    results = {}
-    results.update(search_flow())
-    results.update(data_flow())
-    results.update(train_flow())
-    results.update(evaluate_flow(fail_on_gate=fail_on_gate))
+    with params_for_run(profile, overrides) as applied:
+        log.info("parameters: %s", applied)
+        results = {}
+        results.update(search_flow())
+        results.update(data_flow())
+        results.update(train_flow())
+        results.update(evaluate_flow(fail_on_gate=fail_on_gate))
     gate = results["evaluate"].get("gate", {})
     create_markdown_artifact(
         key="little-dragon-pipeline",

@@ -51,6 +51,26 @@ def project_root() -> Path:
     return Path(os.environ.get("LITTLE_DRAGON_ROOT", Path(__file__).resolve().parent.parent))
 
 
+def stage_graph(root: Path | None = None) -> dict[str, dict]:
+    """dvc.yaml's stages in their order, each with its flow (`meta.flow`) and report (its first
+    metrics file): the one description of the pipeline that flows and DVC share."""
+    import yaml
+
+    stages = yaml.safe_load(((root or project_root()) / "dvc.yaml").read_text())["stages"]
+    out = {}
+    for name, st in stages.items():
+        metrics = [next(iter(m)) if isinstance(m, dict) else m for m in st.get("metrics", [])]
+        out[name] = {"flow": (st.get("meta") or {}).get("flow"), "report": metrics[0] if metrics else None}
+    return out
+
+
+def stages_of(flow_name: str) -> list[str]:
+    names = [n for n, st in stage_graph().items() if st["flow"] == flow_name]
+    if not names:
+        raise ValueError(f"no stage of dvc.yaml has meta.flow = {flow_name!r}")
+    return names
+
+
 def _env() -> dict:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
@@ -106,24 +126,22 @@ def _table(rows: list[tuple]) -> str:
 
 
 def summarize(stage: str, root: Path) -> dict:
-    """The key figures of a finished stage, from the reports it wrote."""
+    """The key figures of a finished stage, from the report dvc.yaml declares for it."""
+    report = stage_graph(root).get(stage, {}).get("report")
+    r = _read(root, report) if report else {}
     if stage == "search":
-        r = _read(root, "reports/search.json")
         rows = [(w["id"], f"{w['trials']} trials, {w['failed']} failed, best {w['best_s'] * 1e6:.1f} us "
                  f"({w['speedup']:.2f}x vs baseline)" if w.get("best_s") and w.get("speedup") else f"{w['trials']} trials")
                 for w in r.get("per_workload", [])]
         return {"rows": [("trials", r.get("trials")), ("failed trials", r.get("failed_trials")),
                          ("best vs baseline, geomean", r.get("speedup_geomean_vs_baseline")), *rows]}
     if stage == "data":
-        r = _read(root, "reports/data.json")
         return {"rows": [("records", r.get("records")), ("examples", r.get("examples")),
                          ("by split", json.dumps(r.get("by_split"))), ("corpus scripts", r.get("corpus_scripts"))]}
     if stage == "validate":
-        r = _read(root, "reports/validation.json")
         return {"rows": [("validation", "passed" if r.get("success") else "FAILED"), ("examples", r.get("examples")),
                          ("failed expectations", ", ".join(map(str, r.get("failed_expectations", []))) or "none")]}
     if stage == "sft":
-        r = _read(root, "reports/sft.json")
         v = r.get("validation", {})
         return {"rows": [("model", r.get("model")), ("parameters", r.get("parameters")),
                          ("train seconds", r.get("train_seconds")), ("final loss", r.get("final_loss")),
@@ -131,14 +149,13 @@ def summarize(stage: str, root: Path) -> dict:
                          ("refinement correctness (val)", v.get("refinement", {}).get("correctness")),
                          ("MLflow run", r.get("mlflow_run_id"))]}
     if stage == "rl":
-        r = _read(root, "reports/rl.json")
         return {"rows": [("GRPO steps", r.get("steps")), ("train seconds", r.get("train_seconds")),
                          ("scripts checked", r.get("checked_scripts")),
                          ("mean reward, first half", r.get("reward_first_half")),
                          ("mean reward, second half", r.get("reward_second_half")),
                          ("stages", json.dumps(r.get("stages"))), ("MLflow run", r.get("mlflow_run_id"))]}
     if stage == "evaluate":
-        m = _read(root, "reports/metrics.json")
+        m = r
         rows = [("candidate", m.get("candidate")),
                 ("construction correctness", m.get("construction", {}).get("correctness")),
                 ("refinement correctness", m.get("refinement", {}).get("correctness")),
@@ -154,8 +171,12 @@ def summarize(stage: str, root: Path) -> dict:
                                                    f"({uri}/#/experiments/runs/{v['run_id']})"))
         rows.append(("champion", reg.get("champion")))
         return {"rows": rows, "gate": m.get("gate", {})}
+    if stage == "corpus":
+        return {"rows": [(t, f"{v['scripts']} scripts over {v['workloads']} workloads, "
+                             f"{v['compressed_bytes'] / 1e6:.1f} MB in {v['shards']} shards")
+                         for t, v in r.get("targets", {}).items()]
+                + [("shards written this run", r.get("shards_written"))]}
     if stage == "codec_report":
-        r = _read(root, "reports/codec.json")
         return {"rows": [("exact round trips", f"{r.get('exact_round_trips')}/{r.get('traces')}"),
                          ("chars vs as_python", (r.get("ratio_to_python") or {}).get("chars"))]}
     return {"rows": []}

@@ -72,9 +72,16 @@ def test_ui_run_button_runs_the_whole_pipeline(tmp_path):
                 tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
                 return arts, tasks
 
+        users_params = (work / "params.yaml").read_bytes()
         run = asyncio.run(local.run_deployment_like_the_ui("little-dragon-pipeline/pipeline", {"profile": "tiny"},
                                                            timeout=1500))
         assert run.state.is_completed(), f"{run.state.type}: {run.state.message}\n" + logs[1].read_text()[-4000:]
+        # the run used the profile (dvc.lock records it) and left the user's params.yaml as it was
+        assert (work / "params.yaml").read_bytes() == users_params
+        lock = yaml.safe_load((work / "dvc.lock").read_text())
+        tiny = yaml.safe_load((work / "profiles" / "tiny.yaml").read_text())
+        assert lock["stages"]["rl"]["params"]["params.yaml"]["rl"]["steps"] == tiny["rl"]["steps"]
+        shutil.copyfile(work / "profiles" / "tiny.yaml", work / "params.yaml")   # to ask DVC about that run
         # the DVC outputs, and DVC agrees they are up to date
         assert (work / "models" / "rl" / "config.json").exists() and (work / "models" / "sft" / "config.json").exists()
         metrics = yaml.safe_load((work / "reports" / "metrics.json").read_text())
@@ -82,6 +89,7 @@ def test_ui_run_button_runs_the_whole_pipeline(tmp_path):
             assert key in metrics
         status = subprocess.run([str(BIN / "dvc"), "status"], cwd=work, capture_output=True, text=True, env=env)
         assert "up to date" in status.stdout, status.stdout
+        (work / "params.yaml").write_bytes(users_params)
         # the MLflow registry: both models registered, each tagged with its gate decision
         from mlflow import MlflowClient
 
@@ -97,6 +105,7 @@ def test_ui_run_button_runs_the_whole_pipeline(tmp_path):
         run = asyncio.run(local.run_deployment_like_the_ui("data/data", {"overrides": {"validate.min_examples": 10**9}},
                                                            timeout=600))
         assert run.state.is_failed()
+        assert (work / "params.yaml").read_bytes() == users_params     # put back after a failure too
         assert "validate" in (run.state.message or "") or "validate" in logs[1].read_text()
         _, task_runs = asyncio.run(artifacts_and_task_runs(run.id))
         failed = [t for t in task_runs if t.state and t.state.is_failed()]
