@@ -301,7 +301,10 @@ def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
 
 
 def rl_vs_sft(rl: dict, sft: dict, tasks: list[Task]) -> dict:
+    """Timed tasks where RL's best kernel is strictly faster than SFT's (untimed kernels have
+    no latency to compare)."""
     cw = rw = prompts = 0
+    tasks = [t for t in tasks if t.timed]
     for t in tasks:
         a, b = _best(rl[t.key]["construction"]), _best(sft[t.key]["construction"])
         cw += bool(a and (b is None or a.latency_s < b.latency_s))
@@ -407,10 +410,10 @@ def write_markdown(metrics: dict, path: str) -> None:
                      f"{d.get('tokens')} | {d.get('tokens_per_second')} |")
     fs = metrics.get("free_sampling")
     if fs:
-        lines += ["", f"Free sampling ({fs['model']}, same prompts, same checker): construction correctness "
-                  f"{_fmt(fs['construction']['correctness'])} (failures {fs['construction']['failures_by_stage']}), "
-                  f"refinement {_fmt(fs['refinement']['correctness'])} (failures {fs['refinement']['failures_by_stage']}); "
-                  f"{fs['decoding']['tokens_per_second']} tokens/s."]
+        lines += ["", f"Free sampling ({fs['model']}, the same construction prompts, same checker): correctness "
+                  f"{_fmt(fs['construction']['correctness'])} (failures {fs['construction']['failures_by_stage']}); "
+                  f"{fs['decoding']['tokens_per_second']} tokens/s. Guided vs free at equal tokens: "
+                  "`python -m pipeline.bench.guided` (reports/guided.json)."]
     if "rl_vs_sft" in metrics:
         r = metrics["rl_vs_sft"]
         lines += ["", f"RL vs SFT: RL's best kernel faster on {r['construction_wins']} of {r['construction_tasks']} "
@@ -473,11 +476,13 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     # The model's own validity, beside the guided figures: the candidate sampled freely.
     free_sampling = None
     if g.guided and p.free_sampling:
-        free = run_model(p.candidate, p.models[p.candidate], tasks, replace(g, guided=False), measurer, target,
+        # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
+        constructions = [replace(t, refinements=[]) for t in tasks]
+        free = run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False), measurer, target,
                          p.seed, progress)
-        fm = model_metrics(free, tasks, p.attempts)
-        free_sampling = {"model": p.candidate, **{k: {kk: fm[k][kk] for kk in ("correctness", "attempts", "failures_by_stage")}
-                                                  for k in ("construction", "refinement")},
+        fm = model_metrics(free, constructions, p.attempts)
+        free_sampling = {"model": p.candidate, "construction": {kk: fm["construction"][kk] for kk in
+                                                                ("correctness", "attempts", "failures_by_stage")},
                          "decoding": decoding_figures(free)}
     cand = per_model[p.candidate]
     metrics = {"candidate": p.candidate, "attempts": p.attempts, "metaschedule_trials": trials,
