@@ -90,6 +90,7 @@ class Vocab:
         self.size = len(tokenizer)
         self.root: dict = {}
         self.strings: dict[int, str] = {}
+        self.longest = 1
         anchor = tokenizer.encode("B", add_special_tokens=False)
         base = tokenizer.decode(anchor, clean_up_tokenization_spaces=False)
         for i in range(self.size):
@@ -102,6 +103,7 @@ class Vocab:
             if not s or "\ufffd" in s:
                 continue
             self.strings[i] = s
+            self.longest = max(self.longest, len(s))
             node = self.root
             for ch in s:
                 node = node.setdefault(ch, {})
@@ -215,10 +217,40 @@ class ScriptConstraint:
         """Token ids that keep the text a prefix of a valid script (EOS when complete)."""
         out: list[int] = []
         states = [(b, b.piece, b.pos) for b in self.branches]
-        self._dfs(self.vocab.root, states, out)
+        # Fast path through forced text: every branch must read the same characters next, so
+        # the vocabulary trie is followed along them alone (one path, not every first character).
+        node = self.vocab.root
+        for ch in self._forced_ahead(states):
+            node = node.get(ch)
+            if node is None:
+                break
+            states = [(b, *_step(b, piece, pos, ch)) for b, piece, pos in states]
+            out.extend(node.get(None, ()))
+        else:
+            self._dfs(node, states, out)
         if any(_at_end(b, b.piece, b.pos) for b in self.branches):
             out.append(self.vocab.eos)
         return out
+
+    def _forced_ahead(self, states: list) -> str:
+        """The text every branch must read next (up to the vocabulary's longest token): the
+        common prefix of their forced pieces; empty as soon as one is inside a hole."""
+        common = None
+        for b, piece, pos in states:
+            p = b.pieces[piece]
+            if isinstance(p, Hole) or not isinstance(pos, int):
+                return ""
+            rest = p[pos:pos + self.vocab.longest]
+            if common is None:
+                common = rest
+            else:
+                k = 0
+                while k < min(len(common), len(rest)) and common[k] == rest[k]:
+                    k += 1
+                common = common[:k]
+            if not common:
+                return ""
+        return common or ""
 
     def _dfs(self, node: dict, states: list, out: list) -> None:
         for ch, child in node.items():

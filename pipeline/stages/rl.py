@@ -120,8 +120,9 @@ def _plot(summary: dict, path: str) -> None:
     rows = summary["per_step"]
     x = [r["step"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for k in ("reward", "correctness", "speed"):
-        a.plot(x, [r[k] for r in rows], label=k)
+    for k in ("reward", "correctness", "speed", "speed_spread"):
+        a.plot(x, [r[k] for r in rows], label=k if k != "speed_spread" else "speed spread in a group (std)",
+               ls="--" if k == "speed_spread" else "-")
     a.set_xlabel("GRPO step")
     a.set_ylabel("mean reward")
     a.legend()
