@@ -52,7 +52,7 @@ def test_reward_on_real_completions_of_every_cpu_stage(cpu_target):
     mod = build(spec)
     good = [encode(mod, s.trace, cpu_target) for s in sample_many(mod, cpu_target, 2, seed=2)]
     lines = good[0].split("\n")
-    bad_build = "\n".join(lines[:11] + ['A l9 "pragma_import_llvm" "not llvm ir"'] + lines[11:])
+    bad_build = "\n".join(lines[:11] + ["BI l9 tx"] + lines[11:])   # a thread binding LLVM cannot build
     completions = ["garbage here", "B nosuchblock", bad_build, good[0], good[1]]
     reward = ShapedReward(Measurer({spec.id: spec.to_json()}, CPU, timeout_s=60, workers=2), RP)
     correctness, speed = reward.functions()
