@@ -56,7 +56,7 @@ NAMES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "
 LEFT_OUT = {"C3D:0": "no valid CUDA point in practice (GPU.md: 14,292 samples failed VerifyGPUCode)"}
 
 
-def run(model_dir: str, attempts: int, max_new_tokens: int, free: bool) -> dict:
+def run(model_dir: str, attempts: int, max_new_tokens: int, free: bool, retries: int = 2) -> dict:
     from pipeline import models
     from pipeline.describe import describe
     from pipeline.generate import GenerationParams, generate
@@ -68,7 +68,8 @@ def run(model_dir: str, attempts: int, max_new_tokens: int, free: bool) -> dict:
     target = make_target(target_spec)
     model, tok = models.load(model_dir)
     checker = Checker(timeout_s=300, workers=2)
-    out = {"model": model_dir, "target": target_spec, "attempts": attempts, "left_out": LEFT_OUT, "kernels": []}
+    out = {"model": model_dir, "target": target_spec, "attempts": attempts, "retries_allowed": retries,
+           "left_out": LEFT_OUT, "kernels": []}
     totals = {m: {s: 0 for s in STAGES} for m in ("guided", "free")}
     extra = {"guided": {"complete": 0, "retries": 0, "seconds": 0.0}, "free": {"complete": 0, "retries": 0, "seconds": 0.0}}
     for name in NAMES:
@@ -80,7 +81,8 @@ def run(model_dir: str, attempts: int, max_new_tokens: int, free: bool) -> dict:
             prompt = construction_prompt(describe(mod), target.kind.name)
             row = {"kernel": item}
             for mode in (("guided", "free") if free else ("guided",)):
-                g = GenerationParams(attempts=attempts, max_new_tokens=max_new_tokens, guided=mode == "guided")
+                g = GenerationParams(attempts=attempts, max_new_tokens=max_new_tokens, guided=mode == "guided",
+                                     retries=retries)
                 start = time.perf_counter()
                 w = generate(model, tok, [prompt], g, kernels=[(mod, target)])
                 mod_json = tvm.ir.save_json(mod)
@@ -111,11 +113,12 @@ def main() -> None:
     ap.add_argument("--attempts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=1600)
     ap.add_argument("--no-free", action="store_true", help="guided only")
+    ap.add_argument("--retries", type=int, default=2, help="rewrites of a script a postprocessor rejects")
     ap.add_argument("--out", default="reports/guided_cuda.json")
     args = ap.parse_args()
     from pipeline import files
 
-    result = run(args.model, args.attempts, args.max_new_tokens, not args.no_free)
+    result = run(args.model, args.attempts, args.max_new_tokens, not args.no_free, args.retries)
     files.write_json(args.out, result)
     print(f"guided CUDA correctness up to nvcc {result['guided']['correctness']:.3f} "
           f"({result['guided']['complete']}/{result['guided']['attempts']} complete, {result['guided']['retries']} "
