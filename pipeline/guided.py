@@ -23,6 +23,7 @@ sketch's live schedule (sketch.Walk), which yields the next decision's domain.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -381,8 +382,6 @@ class GuidedLogits:
         self.mask_seconds = 0.0
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        import time
-
         start = time.perf_counter()
         masked = torch.full_like(scores, -math.inf)
         for row, c in enumerate(self.constraints):

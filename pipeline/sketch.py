@@ -43,11 +43,6 @@ def sketches(mod, target) -> list[Trace]:
     return [t.simplified(remove_postproc=True) for t in design_spaces(mod, target)]
 
 
-def canonical_trace(mod, target, trace: Trace) -> Trace:
-    """A schedule's trace in the guided decoder's form: simplified, postprocessing dropped."""
-    return trace.simplified(remove_postproc=True)
-
-
 # ---------------------------------------------------------------------------------------
 # Domains
 # ---------------------------------------------------------------------------------------
@@ -112,7 +107,6 @@ class Walk:
     def __init__(self, mod, target, sketch: Trace, thread_roles: dict | None = None):
         self.mod, self.target, self.sketch = mod, target, sketch
         self.roles = thread_roles if thread_roles is not None else thread_roles_of(sketch)
-        self.decisions: dict[int, object] = {}
         self.sch = Schedule(mod, debug_mask=0)
         self._to_main: queue.Queue = queue.Queue()
         self._to_walker: queue.Queue = queue.Queue()
@@ -171,7 +165,6 @@ class Walk:
 
     def decide(self, value) -> None:
         c = self._pending
-        self.decisions[c.index] = value
         if c.kind == "SamplePerfectTile":
             self._spend(c.index, value)
         self._to_walker.put(list(value) if isinstance(value, tuple) else value)

@@ -80,18 +80,45 @@ def _exclusive(lock_path: str | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False,
-                     lock_path: str | None = None) -> Outcome:
+def _decode_and_build(mod, text: str, target):
+    """(executable, None), or (None, the Outcome of the stage that failed: decode, apply,
+    postproc or build)."""
     try:
         trace = codec.decode(mod, text, target)
     except codec.DecodeError as err:
-        return Outcome(err.stage, str(err), line=err.line)
+        return None, Outcome(err.stage, str(err), line=err.line)
     sch = Schedule(mod, debug_mask=0)
     try:
         trace.apply_to_schedule(sch, remove_postproc=False)
-        executable = build(sch.mod, target)
+        return build(sch.mod, target), None
     except TVM_ERRORS as err:
-        return Outcome("build", _short(err))
+        return None, Outcome("build", _short(err))
+
+
+def compile_check(mod, text: str, target) -> Outcome:
+    """On a machine without the target's device: decode, apply, postprocess, build, and for
+    CUDA compile the generated source with nvcc (without a GPU, `tvm.compile` keeps CUDA C
+    uncompiled, so a successful build alone proves only code generation; GPU.md)."""
+    executable, failed = _decode_and_build(mod, text, target)
+    if failed is not None or target.kind.name != "cuda":
+        return failed or Outcome("ok")
+    from tvm.support import nvcc
+
+    module = executable.mod if hasattr(executable, "mod") else executable
+    try:
+        source = module.imports[0].inspect_source()
+        with target:
+            nvcc.compile_cuda(source, target_format="cubin", compiler="nvcc")
+    except (*TVM_ERRORS, OSError) as err:
+        return Outcome("build", f"nvcc: {_short(err)}")
+    return Outcome("ok")
+
+
+def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False,
+                     lock_path: str | None = None) -> Outcome:
+    executable, failed = _decode_and_build(mod, text, target)
+    if failed is not None:
+        return failed
     if not device_available(target):
         return Outcome("run", f"no {target.kind.name} device here")
     inputs = random_inputs(mod, seed)
@@ -117,6 +144,10 @@ def _run_and_compare(mod, executable, target, inputs, seed: int, timed: bool) ->
         return Outcome("ok", None, time_executable(executable, target, inputs), baseline_s)
     except TVM_ERRORS as err:
         return Outcome("run", _short(err))
+
+
+def _worker_compile(mod_json: str, text: str, target_spec) -> dict:
+    return compile_check(tvm.ir.load_json(mod_json), text, make_target(target_spec)).to_json()
 
 
 def _worker_check(mod_json: str, text: str, target_spec, seed: int, timed: bool, lock_path: str | None) -> dict:
@@ -147,6 +178,11 @@ class Checker:
             return Outcome("run", f"timeout after {self.timeout_s:.0f} s")
         except (ChildProcessError, RuntimeError, OSError, EOFError) as err:  # the worker died
             return Outcome("build", f"worker crashed: {_short(err)}")
+
+    def compile_many(self, mod, texts: list[str], target_spec) -> list[Outcome]:
+        """compile_check of each script in the worker processes (no device needed)."""
+        mod_json = tvm.ir.save_json(mod)
+        return [self._result(self.pool.submit(_worker_compile, mod_json, t, target_spec)) for t in texts]
 
     def check(self, mod, text: str, target_spec, seed: int = 0, timed: bool = False) -> Outcome:
         return self.check_many(mod, [text], target_spec, seed, timed)[0]

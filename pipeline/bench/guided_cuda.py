@@ -14,44 +14,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from pipeline import codec
-from pipeline.measure import build, short_error
-from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, tvm
-from pipeline.verify import Outcome
-
-
-def compile_check(mod, text: str, target) -> Outcome:
-    """On a machine without the target's device: decode, apply, postprocess, build, and for
-    CUDA compile the generated source with nvcc (without a GPU, `tvm.compile` keeps CUDA C
-    uncompiled, so a successful build alone proves only code generation; GPU.md)."""
-    try:
-        trace = codec.decode(mod, text, target)
-    except codec.DecodeError as err:
-        return Outcome(err.stage, str(err), line=err.line)
-    sch = Schedule(mod, debug_mask=0)
-    try:
-        trace.apply_to_schedule(sch, remove_postproc=False)
-        executable = build(sch.mod, target)
-    except TVM_ERRORS as err:
-        return Outcome("build", short_error(err))
-    if target.kind.name != "cuda":
-        return Outcome("ok")
-    from tvm.support import nvcc
-
-    module = executable.mod if hasattr(executable, "mod") else executable
-    try:
-        source = module.imports[0].inspect_source()
-        with target:
-            nvcc.compile_cuda(source, target_format="cubin", compiler="nvcc")
-    except (*TVM_ERRORS, OSError) as err:
-        return Outcome("build", f"nvcc: {short_error(err)}")
-    return Outcome("ok")
-
-
-def _worker_compile(mod_json: str, text: str, target_spec) -> dict:
-    return compile_check(tvm.ir.load_json(mod_json), text, make_target(target_spec)).to_json()
-
-
 NAMES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
 LEFT_OUT = {"C3D:0": "no valid CUDA point in practice (GPU.md: 14,292 samples failed VerifyGPUCode)"}
 
@@ -85,9 +47,7 @@ def run(model_dir: str, attempts: int, max_new_tokens: int, free: bool, retries:
                                      retries=retries)
                 start = time.perf_counter()
                 w = generate(model, tok, [prompt], g, kernels=[(mod, target)])
-                mod_json = tvm.ir.save_json(mod)
-                outs = [checker._result(checker.pool.submit(_worker_compile, mod_json, text, target_spec))
-                        for text in w.scripts[0]]
+                outs = checker.compile_many(mod, w.scripts[0], target_spec)
                 if mode == "guided":
                     outs = [o if c else type(o)("decode", "incomplete") for o, c in zip(outs, w.complete[0])]
                 for o in outs:

@@ -119,14 +119,17 @@ def plan(p: CorpusParams, exclude: set[str]) -> list[tuple[dict, int, list[dict]
     from pipeline.tvm_env import structural_hash
     from pipeline.workloads import build, catalog
 
+    # every target takes a prefix of the same eligible list: build and hash each workload once
+    want = max((e["workloads"] for e in p.targets), default=0)
+    eligible = []
+    for spec in catalog(p.seed + 1):
+        if len(eligible) >= want:
+            break
+        if structural_hash(build(spec)) not in exclude:
+            eligible.append(spec.to_json())
     out = []
     for entry in p.targets:
-        chosen = []
-        for spec in catalog(p.seed + 1):
-            if len(chosen) >= entry["workloads"]:
-                break
-            if structural_hash(build(spec)) not in exclude:
-                chosen.append(spec.to_json())
+        chosen = eligible[:entry["workloads"]]
         for k in range(0, len(chosen), p.shard_size):
             specs, n = chosen[k:k + p.shard_size], k // p.shard_size
             out.append((entry, n, specs, shard_path(Path(p.output_dir), entry["target"], n, specs,
@@ -134,9 +137,9 @@ def plan(p: CorpusParams, exclude: set[str]) -> list[tuple[dict, int, list[dict]
     return out
 
 
-def generate(p: CorpusParams, exclude: set[str], progress: bool = True) -> dict:
-    """Write every missing shard; return the totals over all shards (existing ones counted)."""
-    shards = plan(p, exclude)
+def generate(p: CorpusParams, exclude: set[str], progress: bool = True, shards: list | None = None) -> dict:
+    """Write every missing shard of the plan (`shards`, or planned here); return the totals."""
+    shards = plan(p, exclude) if shards is None else shards
     todo = [(e, k, s, path) for e, k, s, path in shards if not path.exists()]
     workers = p.workers or os.cpu_count() or 1
     start = time.perf_counter()
@@ -205,9 +208,9 @@ def main(params_path: str = "params.yaml", progress: bool = True, workers: int |
     p = P.load("corpus", CorpusParams, params_path)
     if workers is not None:
         p.workers = workers
-    exclude = excluded_hashes(params_path)
-    run = generate(p, exclude, progress)
-    report = {**run, "targets": summarize(plan(p, exclude))}
+    shards = plan(p, excluded_hashes(params_path))
+    run = generate(p, set(), progress, shards)
+    report = {**run, "targets": summarize(shards)}
     files.write_json(p.report, report)
     totals = ", ".join(f"{k}: {v['scripts']} scripts over {v['workloads']} workloads "
                        f"({v['compressed_bytes'] / 1e6:.1f} MB in {v['shards']} shards)" for k, v in report["targets"].items())

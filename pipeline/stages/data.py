@@ -35,7 +35,6 @@ from pipeline.tvm_env import make_target
 from pipeline.workloads import Spec, build
 
 
-
 @dataclass
 class DataParams:
     search_dir: str = "data/search"
