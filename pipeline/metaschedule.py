@@ -11,8 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import codec, records
-from pipeline.stages import search
+from pipeline import codec, records, tuning
 
 
 @dataclass
@@ -31,7 +30,7 @@ def tune(mod, target, trials: int, work_dir: Path, sp, name: str) -> Tuned:
             f.unlink()   # a fresh run: the timing is part of the result
     work_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    search.tune(sp, target, [(name, mod)], work_dir, trials, min(sp.trials_per_iter, trials), logger="evaluate")
+    tuning.tune(sp, target, [(name, mod)], work_dir, trials, min(sp.trials_per_iter, trials), logger="evaluate")
     seconds = time.perf_counter() - start
     scripts, lat = [], []
     for ref in records.scan(work_dir):

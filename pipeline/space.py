@@ -15,17 +15,31 @@ from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, ms, target_key, te, tv
 _CONTEXTS: dict[str, "ms.TuneContext"] = {}
 
 
+def generator(target: "tvm.target.Target"):
+    """The design space every stage uses: MetaSchedule's post-order-apply with the target's
+    default rules, except that CUDA leaves out the tensor-core rule. Why: on apache-tvm
+    0.27.0.post1, the wmma sketches of fp16-in / fp32-accumulate kernels (all of the
+    catalog's fp16 kernels) fail in lowering (`tvm_access_ptr element type must match the
+    source buffer`, after dynamic shared memory is merged): 114 of 128 candidates of the first
+    H200 search shard, 5 of 6 samples here; with fp16 accumulation they build, which the
+    catalog's numerics rule out. Without the rule those kernels get CUDA-core sketches
+    that build (reports/LOG.md, session 4)."""
+    if target.kind.name == "cuda":
+        return ms.space_generator.PostOrderApply(sch_rules="cuda", postprocs="cuda", mutator_probs="cuda")
+    return "post-order-apply"
+
+
 def context(target: "tvm.target.Target", mod: "tvm.IRModule | None" = None) -> "ms.TuneContext":
-    """A TuneContext for `target` with the default (post-order-apply) space generator."""
+    """A TuneContext for `target` with the project's space generator (`generator`)."""
     key = target_key(target)
     if mod is not None:
-        return ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+        return ms.TuneContext(mod=mod, target=target, space_generator=generator(target),
                               search_strategy="replay-trace", task_name="main", num_threads=1)
     if key not in _CONTEXTS:
         a = te.placeholder((4,), name="a")
         b = te.compute((4,), lambda i: a[i] + 1.0, name="b")
         dummy = tvm.IRModule({"main": te.create_prim_func([a, b])})
-        _CONTEXTS[key] = ms.TuneContext(mod=dummy, target=target, space_generator="post-order-apply",
+        _CONTEXTS[key] = ms.TuneContext(mod=dummy, target=target, space_generator=generator(target),
                                         search_strategy="replay-trace", task_name="main", num_threads=1)
     return _CONTEXTS[key]
 
@@ -40,7 +54,7 @@ class SpaceError(RuntimeError):
 
 
 def design_spaces(mod: "tvm.IRModule", target: "tvm.target.Target") -> list[Trace]:
-    """The sketches (traces with sampled decisions) of the default design space."""
+    """The sketches (traces with sampled decisions) of the design space."""
     try:
         return [sch.trace for sch in context(target, mod).generate_design_space()]
     except TVM_ERRORS as err:

@@ -100,3 +100,65 @@ def test_a_search_killed_mid_write_resumes_with_every_record_once(tmp_path):
     lines = db.read_text().splitlines()
     assert all(ln.strip() for ln in lines) and len(lines) == len(set(lines)) == summary["trials"] >= 16
     assert lines[: len(complete)] == [ln.rstrip("\n") for ln in complete]   # nothing lost
+
+
+def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatch):
+    """TVM's task scheduler raising inside a shard (seen on the H200) is recorded; the other
+    workload of the shard is tuned alone, the bad one is listed and not retried on resume."""
+    from pipeline.stages import search
+
+    p = _params(tmp_path, num_workloads=2, shard_size=2)
+    bad = select_workloads(p)[1].id
+    real, calls = search._tune_shard, []
+
+    def flaky(p_, target, shard_dir, pending, bar):
+        calls.append([s.id for s, _, _ in pending])
+        if bad in calls[-1]:
+            raise IndexError("Index 3 out of bounds 3")
+        return real(p_, target, shard_dir, pending, bar)
+
+    monkeypatch.setattr(search, "_tune_shard", flaky)
+    summary = run_search(p, progress=False)
+    good = [r for r in summary["per_workload"] if r["id"] != bad][0]
+    assert good["trials"] >= 4
+    assert list(summary["failed_workloads"].values()) == ["IndexError: Index 3 out of bounds 3"]
+    errors = list(files.read_jsonl(tmp_path / "search" / "shard-0000" / "errors.jsonl"))
+    assert [e["stage"] for e in errors] == ["scheduler", "scheduler"]
+    assert calls == [[good["id"], bad], [good["id"]], [bad]] or calls == [[bad, good["id"]], [good["id"]], [bad]]
+    calls.clear()
+    run_search(p, progress=False)
+    assert calls == []                      # nothing left to tune; the failed workload is not retried
+
+
+def test_builder_workers_are_kept_across_rounds(tmp_path):
+    """The persistent builder builds every round with the same worker processes (TVM's
+    LocalBuilder starts new ones each round), and the stage logs its throughput."""
+    from pipeline import tuning
+    from pipeline.tvm_env import make_target, ms
+    from pipeline.workloads import build
+
+    p = _params(tmp_path)
+    mod = build(select_workloads(p)[0])
+    target = make_target(p.target)
+    phases = tuning.Phases()
+    builder = tuning.PoolBuilder(2, 30, phases)
+    inputs = [ms.builder.BuilderInput(mod, target)]
+    pids = []
+    for _ in range(2):
+        assert builder.build(inputs)[0].error_msg is None
+        pids.append({w._proc.pid for w in builder._pool._worker_map.values()})
+    builder.shutdown()
+    assert pids[0] == pids[1] and phases.rounds == 2 and phases.candidates == 2
+    summary = run_search(_params(tmp_path, trials_per_workload=8, trials_per_iter=4), progress=False)
+    log = list(files.read_jsonl(tmp_path / "search" / "throughput.jsonl"))
+    assert log[0]["rounds"] == 2 and log[0]["candidates"] == 8 and log[0]["build_s"] > 0
+    assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0
+
+
+def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path):
+    p = _params(tmp_path, num_workloads=2, shard_size=1, devices=[0, 1], builder_workers=2)
+    summary = run_search(p, progress=False)
+    assert [r["trials"] for r in summary["per_workload"]] == [4, 4]
+    parts = summary["this_run"]["parts"]
+    assert [x["device"] for x in parts] == [0, 1] and all(x["candidates"] == 4 for x in parts)
+    assert {e["part"] for e in files.read_jsonl(tmp_path / "search" / "throughput.jsonl")} == {"gpu0", "gpu1"}

@@ -4,28 +4,38 @@ CUDA in the GPU profile); every candidate kept.
     little-dragon search [--params params.yaml]
 
 Writes `data/search/shard-NNNN/` (one MetaSchedule JSONDatabase per shard of workloads, plus
-`workloads.json`, `baselines.json` and `errors.jsonl`) and `reports/search.json`.
+`workloads.json`, `baselines.json` and `errors.jsonl`), `data/search/throughput.jsonl` (per
+shard tuned: candidates, seconds and where they went) and `reports/search.json` (with this
+run's candidates per minute). With `devices: [0, 1]` one process per GPU measures alternate
+shards at once.
 
 Resumable: a workload whose database already holds its trial budget is skipped, and
 JSONDatabase appends each measured candidate as it comes, so an interrupted run loses at
 most the candidates in flight. A candidate that fails to build or run is data: MetaSchedule
-stores it with run_secs 1e10 and its error message goes to `errors.jsonl`.
+stores it with run_secs 1e10 and its error message goes to `errors.jsonl`. So does an
+exception of TVM's task scheduler: the shard's other workloads are tuned one at a time and
+a workload that fails alone is listed in `failed.json` and not retried.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import multiprocessing
+import os
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import files, params as P, records
+from pipeline import files, params as P, records, tuning
 from pipeline.measure import measure_baseline
-from pipeline.tvm_env import make_target, ms, structural_hash, tvm, worker_init
+from pipeline.tuning import Phases
+from pipeline.tvm_env import make_target, ms, structural_hash, tvm
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
 
 @dataclass
@@ -50,6 +60,10 @@ class SearchParams:
     work_dir: str = "data/search"
     report: str = "reports/search.json"
     offset: int = 0                  # skip this many eligible workloads (held-out splits, sharding across machines)
+    persistent_builder: bool = True  # keep build workers across rounds (pipeline.tuning.PoolBuilder)
+    # GPUs measuring at once: one process per GPU over alternate shards, builder workers split
+    # between them ([]: one process on the default device)
+    devices: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         P.require(self.num_workloads > 0, "num_workloads must be > 0")
@@ -62,6 +76,8 @@ class SearchParams:
         unknown = sorted(set(self.families) - set(FAMILIES))
         P.require(not unknown, f"unknown families {unknown}; choose from {sorted(FAMILIES)}")
         P.require(bool(self.families), "families must list at least one family")
+        P.require(all(isinstance(d, int) and d >= 0 for d in self.devices) and len(set(self.devices)) == len(self.devices),
+                  "devices must list distinct GPU indices, e.g. [0, 1]")
 
 
 def select_workloads(p: SearchParams) -> list[Spec]:
@@ -137,37 +153,57 @@ def record_counts(db_dir: Path) -> dict[str, int]:
     return counts
 
 
-def tune(p: SearchParams, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir: Path, budget: int,
-         trials_per_iter: int, callbacks=(), logger: str = "search") -> None:
-    """MetaSchedule tuning with this stage's settings (evolutionary search, local builder and
-    runner with the worker initializer, round-robin over the tasks), recorded in a
-    JSONDatabase in `work_dir`. The evaluation stage tunes its yardstick with it too."""
-    tasks = [ms.TuneContext(
-        mod=mod, target=target, space_generator="post-order-apply",
-        search_strategy=ms.search_strategy.EvolutionarySearch(
-            population_size=p.population_size, genetic_num_iters=p.genetic_num_iters),
-        task_name=name, rand_state=p.seed, num_threads=p.builder_workers,
-        logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
-    ms.tune.tune_tasks(
-        tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=str(work_dir),
-        max_trials_global=budget * len(tasks), max_trials_per_task=budget,
-        num_trials_per_iter=trials_per_iter,
-        builder=ms.builder.LocalBuilder(max_workers=p.builder_workers, timeout_sec=p.build_timeout_s,
-                                        initializer=worker_init),
-        runner=ms.runner.LocalRunner(
-            timeout_sec=p.run_timeout_s, initializer=worker_init,
-            evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=p.min_repeat_ms)),
-        database=ms.database.JSONDatabase(work_dir=str(work_dir)),
-        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), *callbacks],
-        task_scheduler="round-robin",
-    )
-
-
-def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar) -> None:
+def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar) -> Phases:
     ids = [spec.id for spec, _, _ in pending]
     budget = max(r for _, _, r in pending)
-    tune(p, target, [(spec.id, build(spec)) for spec, _, _ in pending], shard_dir, budget, p.trials_per_iter,
-         callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)])
+    return tuning.tune(p, target, [(spec.id, build(spec)) for spec, _, _ in pending], shard_dir, budget,
+                       p.trials_per_iter, callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)])
+
+
+def _failed(shard_dir: Path) -> dict[str, str]:
+    path = shard_dir / "failed.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _pending(p: SearchParams, shard_dir: Path, shard: list[Spec], entries: list[dict]):
+    """(spec, hash, trials still to measure) of the shard's workloads; a workload whose tuning
+    raised inside TVM is not retried (it is in failed.json, with its error)."""
+    counts, failed = record_counts(shard_dir), _failed(shard_dir)
+    return [(s, e["hash"], p.trials_per_workload - counts.get(e["hash"], 0))
+            for s, e in zip(shard, entries)
+            if counts.get(e["hash"], 0) < p.trials_per_workload and e["hash"] not in failed]
+
+
+def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
+                      bar) -> Phases:
+    """Tune the shard's pending workloads together; if TVM's task scheduler raises (seen on
+    the H200: `IndexError: Index 3 out of bounds 3` inside TaskSchedulerTune), keep what was
+    measured, log the error, and tune the rest one workload at a time, so one bad workload
+    costs only itself. A workload that fails alone goes to failed.json and the stage goes on."""
+    phases = Phases()
+    pending = _pending(p, shard_dir, shard, entries)
+    if not pending:
+        return phases
+    try:
+        phases.add(_tune_shard(p, target, shard_dir, pending, bar))
+        return phases
+    except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
+        _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in pending], err)
+    for one in _pending(p, shard_dir, shard, entries):
+        try:
+            phases.add(_tune_shard(p, target, shard_dir, [one], bar))
+        except Exception as err:   # noqa: BLE001
+            _log_scheduler_error(shard_dir, [one[0].id], err)
+            failed = _failed(shard_dir)
+            failed[one[1]] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"[:500]
+            files.write_json(shard_dir / "failed.json", failed)
+    return phases
+
+
+def _log_scheduler_error(shard_dir: Path, workloads: list[str], err: BaseException) -> None:
+    files.append_jsonl(shard_dir / "errors.jsonl", {
+        "workload": workloads[0] if len(workloads) == 1 else None, "workloads": workloads,
+        "stage": "scheduler", "error": f"{type(err).__name__}: {str(err)[-2000:]}", "trace": None})
 
 
 def summarize_shard(shard_dir: Path) -> list[dict]:
@@ -193,33 +229,40 @@ def summarize_shard(shard_dir: Path) -> list[dict]:
     return rows
 
 
-def run_search(p: SearchParams, progress: bool = True) -> dict:
-    target = make_target(p.target)
+def _plan(p: SearchParams, specs: list[Spec]) -> list[tuple[Path, list[Spec], list[dict]]]:
     work = Path(p.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    specs = select_workloads(p)
-    if not specs:
-        raise P.ParamsError(f"no workload of {p.families} fits max_mflop={p.max_mflop} and "
-                            f"max_elements={p.max_elements}; raise the limits or add families")
-    shards = [specs[i:i + p.shard_size] for i in range(0, len(specs), p.shard_size)]
     plan = []
-    for i, shard in enumerate(shards):
-        shard_dir = work / f"shard-{i:04d}"
-        shard_dir.mkdir(exist_ok=True)
+    for i in range(0, len(specs), p.shard_size):
+        shard = specs[i:i + p.shard_size]
+        shard_dir = work / f"shard-{i // p.shard_size:04d}"
+        shard_dir.mkdir(parents=True, exist_ok=True)
         records.repair(shard_dir)   # a killed run may have left half a record: TVM would refuse the file
         entries = [{**s.to_json(), "hash": structural_hash(build(s)), "target": p.target} for s in shard]
         files.write_json(shard_dir / "workloads.json", entries)
-        counts = record_counts(shard_dir)
-        pending = [(s, e["hash"], p.trials_per_workload - counts.get(e["hash"], 0))
-                   for s, e in zip(shard, entries) if counts.get(e["hash"], 0) < p.trials_per_workload]
-        plan.append((shard_dir, shard, pending))
-    total = sum(r for _, _, pending in plan for _, _, r in pending)
-    bar = tqdm(total=total, desc=f"search {len(specs)} workloads", unit="trial", disable=not progress)
-    for shard_dir, shard, pending in plan:
-        if pending:
-            bar.set_postfix_str(shard_dir.name)
-            _tune_shard(p, target, shard_dir, pending, bar)
+        plan.append((shard_dir, shard, entries))
+    return plan
+
+
+def _remaining(p: SearchParams, plan) -> int:
+    return sum(r for shard_dir, shard, entries in plan for _, _, r in _pending(p, shard_dir, shard, entries))
+
+
+def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position: int = 0) -> Phases:
+    """Tune the shards in order, then time each workload's baseline; every shard's phases go
+    to `<work_dir>/throughput.jsonl` (the campaign's running log of where the time went)."""
+    target = make_target(p.target)
+    phases = Phases()
+    bar = tqdm(total=_remaining(p, plan), desc=f"search{part}", unit="trial", disable=not progress,
+               position=position, dynamic_ncols=True)
+    for shard_dir, shard, entries in plan:
+        bar.set_postfix_str(shard_dir.name)
+        done = tune_shard_safely(p, target, shard_dir, shard, entries, bar)
+        if done.candidates:
+            phases.add(done)
+            files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
+                "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
+                **done.to_json()})
         baselines_path = shard_dir / "baselines.json"
         baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
         for spec in shard:
@@ -228,6 +271,39 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
                 baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
         files.write_json(baselines_path, baselines)
     bar.close()
+    return phases
+
+
+def _run_part(p: SearchParams, k: int, n: int, device: int, progress: bool) -> None:
+    """One of n processes, each measuring on its own GPU (set before CUDA starts in this
+    process and the runner's workers) and building with its share of the workers."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    p = dataclasses.replace(p, builder_workers=max(1, p.builder_workers // n))
+    plan = _plan(p, select_workloads(p))[k::n]
+    phases = _run_shards(p, plan, progress, part=f" gpu{device}", position=k)
+    files.write_json(Path(p.work_dir) / f".part-{k}.json", phases.to_json())
+
+
+def run_search(p: SearchParams, progress: bool = True) -> dict:
+    work = Path(p.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    specs = select_workloads(p)
+    if not specs:
+        raise P.ParamsError(f"no workload of {p.families} fits max_mflop={p.max_mflop} and "
+                            f"max_elements={p.max_elements}; raise the limits or add families")
+    plan = _plan(p, specs)
+    before = sum(sum(record_counts(d).values()) for d, _, _ in plan)
+    start = time.perf_counter()
+    if len(p.devices) > 1:
+        parts = _run_parts(p, progress)
+    else:
+        if p.devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(p.devices[0])
+        parts = [_run_shards(p, plan, progress).to_json()]
+    seconds = time.perf_counter() - start
+    measured = sum(sum(record_counts(d).values()) for d, _, _ in plan) - before
     rows = [r for shard_dir, _, _ in plan for r in summarize_shard(shard_dir)]
     speedups = [r["speedup"] for r in rows if r.get("speedup")]
     summary = {
@@ -236,17 +312,46 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
         "families": sorted({r["family"] for r in rows}),
         "trials": sum(r["trials"] for r in rows),
         "failed_trials": sum(r["failed"] for r in rows),
+        "failed_workloads": {k: v for d, _, _ in plan for k, v in _failed(d).items()},
         "speedup_geomean_vs_baseline": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
+        "this_run": {"measured": measured, "seconds": round(seconds, 1),
+                     "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
+                     "devices": p.devices, "builder_workers": p.builder_workers,
+                     "persistent_builder": p.persistent_builder, "parts": parts},
         "per_workload": rows,
     }
     files.write_json(p.report, summary)
     return summary
 
 
+def _run_parts(p: SearchParams, progress: bool) -> list[dict]:
+    """One process per GPU over alternate shards; a part that dies loses only its shard in
+    flight (the databases are resumable), and the stage reports it after the others finish."""
+    ctx = multiprocessing.get_context("spawn")
+    n = len(p.devices)
+    procs = [ctx.Process(target=_run_part, args=(p, k, n, d, progress)) for k, d in enumerate(p.devices)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    bad = [(d, proc.exitcode) for d, proc in zip(p.devices, procs) if proc.exitcode != 0]
+    if bad:
+        raise RuntimeError(f"search parts failed (GPU, exit code): {bad}; rerun to resume")
+    out = []
+    for k in range(n):
+        path = Path(p.work_dir) / f".part-{k}.json"
+        out.append({"device": p.devices[k], **json.loads(path.read_text())})
+        path.unlink()
+    return out
+
+
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     p = P.load("search", SearchParams, params_path)
     summary = run_search(p, progress)
+    run = summary["this_run"]
     print(f"search: {summary['workloads']} workloads, {summary['trials']} trials "
           f"({summary['failed_trials']} failed), geomean speedup over baseline "
-          f"{summary['speedup_geomean_vs_baseline'] or float('nan'):.2f}x -> {p.work_dir}, {p.report}")
+          f"{summary['speedup_geomean_vs_baseline'] or float('nan'):.2f}x -> {p.work_dir}, {p.report}; "
+          f"this run {run['measured']} candidates in {run['seconds']:.0f} s "
+          f"({run['candidates_per_min'] or 0:.0f}/min)")
     return summary

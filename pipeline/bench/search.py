@@ -1,0 +1,89 @@
+"""Benchmark: search throughput (measured candidates per minute) and where the time goes.
+
+    python -m pipeline.bench.search --params profiles/gpu.yaml --variants stock persistent \
+        [--workloads 4] [--trials 32] [--out reports/bench_search.json]
+
+Each variant runs the search stage's own code from scratch in a temporary folder on the same
+workloads (the first ones the profile's search would tune): `stock` is TVM's LocalBuilder (a
+fresh pool of worker processes each round), `persistent` the project's PoolBuilder. Optional
+`key=value` overrides follow a variant's name: `persistent:min_repeat_ms=40`. Phases: build,
+waiting for the runner, the rest (search strategy, cost model, database).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import subprocess
+import tempfile
+
+import yaml
+
+VARIANTS = {"stock": {"persistent_builder": False}, "persistent": {"persistent_builder": True}}
+
+
+def machine() -> dict:
+    out = {"cpus_usable": len(os.sched_getaffinity(0)), "cpus": os.cpu_count(), "platform": platform.platform()}
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+        out["gpus"] = smi
+    except (OSError, subprocess.TimeoutExpired):
+        out["gpus"] = []
+    import tvm
+
+    out["tvm"] = tvm.__version__
+    return out
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, *over = text.split(":")
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown variant {name!r}; choose from {sorted(VARIANTS)}")
+    values = dict(VARIANTS[name])
+    for kv in over:
+        k, v = kv.split("=", 1)
+        values[k] = yaml.safe_load(v)
+    return text, values
+
+
+def run(params_path: str, variants: list[str], workloads: int, trials: int) -> dict:
+    from pipeline import params as P
+    from pipeline.stages.search import SearchParams, run_search
+
+    base = P.load("search", SearchParams, params_path)
+    out = {"machine": machine(), "params": params_path, "workloads": workloads, "trials_per_workload": trials,
+           "runs": []}
+    for text in variants:
+        name, over = parse_variant(text)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = dataclasses.replace(base, num_workloads=workloads, trials_per_workload=trials,
+                                    trials_per_iter=min(base.trials_per_iter, trials),
+                                    work_dir=f"{tmp}/search", report=f"{tmp}/search.json", **over)
+            summary = run_search(p, progress=False)
+        row = {"variant": name, "builder_workers": p.builder_workers, "devices": p.devices,
+               "min_repeat_ms": p.min_repeat_ms, **summary["this_run"],
+               "failed_trials": summary["failed_trials"], "trials": summary["trials"]}
+        out["runs"].append(row)
+        print({k: v for k, v in row.items() if k != "parts"}, row["parts"], flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--variants", nargs="+", default=["stock", "persistent"])
+    ap.add_argument("--workloads", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=32)
+    ap.add_argument("--out", default="reports/bench_search.json")
+    args = ap.parse_args()
+    from pipeline import files
+
+    files.write_json(args.out, run(args.params, args.variants, args.workloads, args.trials))
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

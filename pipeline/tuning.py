@@ -1,0 +1,175 @@
+"""MetaSchedule tuning as the project runs it: the search stage's campaign and the
+evaluation's yardstick both call `tune`.
+
+What differs from `ms.tune.tune_tasks` with stock parts, and why (measured on the H200,
+reports/bench_search_h200.json):
+- `PoolBuilder` keeps its build worker processes across rounds. TVM's `LocalBuilder` starts
+  a fresh pool of `max_workers` processes every round (its guard against a worker memory
+  leak), and each new worker imports TVM and its tensor intrinsics before it builds anything.
+  Here the pool lives `recycle_after` rounds, then is replaced, which keeps the guard.
+- Every phase is timed (`Phases`): building, waiting for the runner, and the rest (the
+  search strategy: evolutionary search, cost model, postprocessors; database; callbacks),
+  so a throughput figure comes with where the time went.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from pipeline.tvm_env import ms, tvm, worker_init
+
+
+@dataclass
+class Phases:
+    seconds: float = 0.0           # wall time of the tuning run
+    build_s: float = 0.0           # inside the builder (the task scheduler waits for it)
+    run_wait_s: float = 0.0        # waiting for runner results
+    rounds: int = 0                # builder calls
+    candidates: int = 0            # candidates sent to the builder
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def other_s(self) -> float:
+        """Search strategy, cost model, database and callbacks."""
+        return max(0.0, self.seconds - self.build_s - self.run_wait_s)
+
+    def add(self, other: "Phases") -> None:
+        for k in ("seconds", "build_s", "run_wait_s", "rounds", "candidates"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    def to_json(self) -> dict:
+        out = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "extra"}
+        out["other_s"] = round(self.other_s, 2)
+        out["candidates_per_min"] = round(60 * self.candidates / self.seconds, 1) if self.seconds else None
+        return {**out, **self.extra}
+
+
+@tvm.ir.utils.derived_object
+class PoolBuilder(ms.builder.PyBuilder):
+    """LocalBuilder's work (same build and export functions, same error messages) with one
+    pool of worker processes kept for `recycle_after` rounds."""
+
+    def __init__(self, max_workers: int, timeout_sec: float, phases: Phases, recycle_after: int = 16) -> None:
+        super().__init__()
+        self.max_workers, self.timeout_sec, self.recycle_after = max_workers, timeout_sec, recycle_after
+        self.phases, self._pool, self._uses = phases, None, 0
+
+    def _get_pool(self):
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        if self._pool is not None and self._uses >= self.recycle_after:
+            self.shutdown()
+        if self._pool is None:
+            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
+                                           initializer=worker_init)
+            self._uses = 0
+        self._uses += 1
+        return self._pool
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def build(self, build_inputs):
+        from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+        from tvm.support.popen_pool import StatusKind
+
+        start = time.perf_counter()
+        results = []
+        jobs = [(None, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        for r in self._get_pool().map_with_error_catching(lambda x: _worker_func(*x), jobs):
+            if r.status == StatusKind.COMPLETE:
+                results.append(ms.builder.BuilderResult(r.value, None))
+            elif r.status == StatusKind.TIMEOUT:
+                results.append(ms.builder.BuilderResult(
+                    None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+            else:
+                results.append(ms.builder.BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(r.value)))
+        self.phases.build_s += time.perf_counter() - start
+        self.phases.rounds += 1
+        self.phases.candidates += len(build_inputs)
+        return results
+
+
+@tvm.ir.utils.derived_object
+class _TimedFuture(ms.runner.PyRunnerFuture):
+    def __init__(self, inner, phases: Phases) -> None:
+        super().__init__()
+        self.inner, self.phases = inner, phases
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def result(self):
+        start = time.perf_counter()
+        out = self.inner.result()
+        self.phases.run_wait_s += time.perf_counter() - start
+        return out
+
+
+@tvm.ir.utils.derived_object
+class TimedRunner(ms.runner.PyRunner):
+    """A runner whose futures record how long the task scheduler waits for them."""
+
+    def __init__(self, inner, phases: Phases) -> None:
+        super().__init__()
+        self.inner, self.phases = inner, phases
+
+    def run(self, runner_inputs):
+        return [_TimedFuture(f, self.phases) for f in self.inner.run(runner_inputs)]
+
+
+def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
+         callbacks=(), logger: str = "search") -> Phases:
+    """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
+    the project's design space, round-robin over the tasks) into a JSONDatabase in `work_dir`.
+    Returns where the time went."""
+    from pipeline.space import generator
+
+    phases = Phases()
+    tasks = [ms.TuneContext(
+        mod=mod, target=target, space_generator=generator(target),
+        search_strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=sp.population_size, genetic_num_iters=sp.genetic_num_iters),
+        task_name=name, rand_state=sp.seed, num_threads=sp.builder_workers,
+        logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
+    if getattr(sp, "persistent_builder", True):
+        builder = PoolBuilder(sp.builder_workers, sp.build_timeout_s, phases)
+    else:   # TVM's stock builder (a fresh pool every round), kept for the before/after benchmark
+        builder = _TimedLocalBuilder(ms.builder.LocalBuilder(
+            max_workers=sp.builder_workers, timeout_sec=sp.build_timeout_s, initializer=worker_init), phases)
+    runner = TimedRunner(ms.runner.LocalRunner(
+        timeout_sec=sp.run_timeout_s, initializer=worker_init,
+        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=sp.min_repeat_ms)), phases)
+    start = time.perf_counter()
+    try:
+        ms.tune.tune_tasks(
+            tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=str(work_dir),
+            max_trials_global=budget * len(tasks), max_trials_per_task=budget,
+            num_trials_per_iter=trials_per_iter, builder=builder, runner=runner,
+            database=ms.database.JSONDatabase(work_dir=str(work_dir)),
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), *callbacks],
+            task_scheduler="round-robin",
+        )
+    finally:
+        phases.seconds = time.perf_counter() - start
+        if isinstance(builder, PoolBuilder):
+            builder.shutdown()
+    return phases
+
+
+@tvm.ir.utils.derived_object
+class _TimedLocalBuilder(ms.builder.PyBuilder):
+    def __init__(self, inner, phases: Phases) -> None:
+        super().__init__()
+        self.inner, self.phases = inner, phases
+
+    def build(self, build_inputs):
+        start = time.perf_counter()
+        out = self.inner.build(build_inputs)
+        self.phases.build_s += time.perf_counter() - start
+        self.phases.rounds += 1
+        self.phases.candidates += len(build_inputs)
+        return out
