@@ -29,10 +29,20 @@ def _catalog(args) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _search(args) -> int:
     from pipeline.stages import search
 
-    search.main(args.params, progress=not args.quiet)
+    search.main(args.params, progress=not args.quiet, stop_after=args.stop_after)
     return 0
 
 
@@ -164,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_catalog)
 
     p = sub.add_parser("search", help="stage 1: MetaSchedule search over a slice of the catalog")
+    p.add_argument("--stop-after", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="start no new shard after this many seconds (a bounded campaign step; resumable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_search)
 

@@ -162,3 +162,45 @@ def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path):
     parts = summary["this_run"]["parts"]
     assert [x["device"] for x in parts] == [0, 1] and all(x["candidates"] == 4 for x in parts)
     assert {e["part"] for e in files.read_jsonl(tmp_path / "search" / "throughput.jsonl")} == {"gpu0", "gpu1"}
+
+
+def test_a_fresh_clone_resumes_from_the_archived_databases(tmp_path):
+    """The search archives each shard (compressed, kept in git); with the work folder gone
+    (a fresh clone), the stage restores it and measures nothing twice. The archive only ever
+    unpacks the shard's own file names."""
+    import io
+    import shutil
+    import tarfile
+
+    p = _params(tmp_path, archive_dir=str(tmp_path / "databases"))
+    first = run_search(p, progress=False)
+    tar = tmp_path / "databases" / "shard-0000.tar.xz"
+    index = json.loads((tmp_path / "databases" / "index.json").read_text())
+    assert tar.exists() and index["shard-0000"]["records"] == first["trials"] >= 4
+    run = list(files.read_jsonl(tmp_path / "databases" / "runs.jsonl"))
+    assert len(run) == 1 and run[0]["measured"] == first["trials"] and run[0]["machine"]["tvm"]
+    before = tar.read_bytes()
+    shutil.rmtree(tmp_path / "search")
+    again = run_search(p, progress=False)
+    assert again["trials"] == first["trials"] and again["this_run"]["measured"] == 0
+    assert tar.read_bytes() == before                       # nothing changed, nothing rewritten
+    assert len(list(files.read_jsonl(tmp_path / "databases" / "runs.jsonl"))) == 1
+    # a hostile archive: a member outside the shard is never written
+    with tarfile.open(tar, "w:xz") as t:
+        data = b"x"
+        for name in ("../escape.txt", "database_workload.json"):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    shutil.rmtree(tmp_path / "search")
+    from pipeline import archive
+
+    (tmp_path / "search" / "shard-0000").mkdir(parents=True)
+    assert archive.restore(tmp_path / "search" / "shard-0000", tmp_path / "databases")
+    assert not (tmp_path / "search" / "escape.txt").exists()
+
+
+def test_stop_after_starts_no_new_shard_and_says_what_is_left(tmp_path):
+    p = _params(tmp_path, num_workloads=2, shard_size=1)
+    summary = run_search(p, progress=False, stop_after=1e-6)
+    assert summary["this_run"]["measured"] == 0 and summary["this_run"]["remaining_trials"] == 8

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import files, params as P, records, tuning
+from pipeline import archive, files, params as P, records, tuning
 from pipeline.measure import measure_baseline
 from pipeline.tuning import Phases
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm
@@ -64,6 +64,9 @@ class SearchParams:
     # GPUs measuring at once: one process per GPU over alternate shards, builder workers split
     # between them ([]: one process on the default device)
     devices: list[int] = field(default_factory=list)
+    # Compressed copy of every shard kept in git (databases/README.md): a shard is restored
+    # from it when it holds more records than work_dir, and re-archived after it is tuned.
+    archive_dir: str | None = None
 
     def __post_init__(self):
         P.require(self.num_workloads > 0, "num_workloads must be > 0")
@@ -236,6 +239,8 @@ def _plan(p: SearchParams, specs: list[Spec]) -> list[tuple[Path, list[Spec], li
         shard = specs[i:i + p.shard_size]
         shard_dir = work / f"shard-{i // p.shard_size:04d}"
         shard_dir.mkdir(parents=True, exist_ok=True)
+        if p.archive_dir:
+            archive.restore(shard_dir, Path(p.archive_dir))
         records.repair(shard_dir)   # a killed run may have left half a record: TVM would refuse the file
         entries = [{**s.to_json(), "hash": structural_hash(build(s)), "target": p.target} for s in shard]
         files.write_json(shard_dir / "workloads.json", entries)
@@ -247,7 +252,8 @@ def _remaining(p: SearchParams, plan) -> int:
     return sum(r for shard_dir, shard, entries in plan for _, _, r in _pending(p, shard_dir, shard, entries))
 
 
-def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position: int = 0) -> Phases:
+def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position: int = 0,
+                deadline: float | None = None) -> Phases:
     """Tune the shards in order, then time each workload's baseline; every shard's phases go
     to `<work_dir>/throughput.jsonl` (the campaign's running log of where the time went)."""
     target = make_target(p.target)
@@ -255,6 +261,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     bar = tqdm(total=_remaining(p, plan), desc=f"search{part}", unit="trial", disable=not progress,
                position=position, dynamic_ncols=True)
     for shard_dir, shard, entries in plan:
+        if deadline is not None and time.time() > deadline:
+            break          # --stop-after: the next run resumes here
         bar.set_postfix_str(shard_dir.name)
         done = tune_shard_safely(p, target, shard_dir, shard, entries, bar)
         if done.candidates:
@@ -265,27 +273,30 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                 **done.to_json()})
         baselines_path = shard_dir / "baselines.json"
         baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
-        for spec in shard:
-            if spec.id not in baselines:
-                t = measure_baseline(build(spec), target)
-                baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
-        files.write_json(baselines_path, baselines)
+        missing = [spec for spec in shard if spec.id not in baselines]
+        for spec in missing:
+            t = measure_baseline(build(spec), target)
+            baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
+        if missing or not baselines_path.exists():
+            files.write_json(baselines_path, baselines)
+        if p.archive_dir:
+            archive.save(shard_dir, Path(p.archive_dir))
     bar.close()
     return phases
 
 
-def _run_part(p: SearchParams, k: int, n: int, device: int, progress: bool) -> None:
+def _run_part(p: SearchParams, k: int, n: int, device: int, progress: bool, deadline: float | None) -> None:
     """One of n processes, each measuring on its own GPU (set before CUDA starts in this
     process and the runner's workers) and building with its share of the workers."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     p = dataclasses.replace(p, builder_workers=max(1, p.builder_workers // n))
     plan = _plan(p, select_workloads(p))[k::n]
-    phases = _run_shards(p, plan, progress, part=f" gpu{device}", position=k)
+    phases = _run_shards(p, plan, progress, part=f" gpu{device}", position=k, deadline=deadline)
     files.write_json(Path(p.work_dir) / f".part-{k}.json", phases.to_json())
 
 
-def run_search(p: SearchParams, progress: bool = True) -> dict:
+def run_search(p: SearchParams, progress: bool = True, stop_after: float | None = None) -> dict:
     work = Path(p.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -296,12 +307,13 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
     plan = _plan(p, specs)
     before = sum(sum(record_counts(d).values()) for d, _, _ in plan)
     start = time.perf_counter()
+    deadline = time.time() + stop_after if stop_after else None
     if len(p.devices) > 1:
-        parts = _run_parts(p, progress)
+        parts = _run_parts(p, progress, deadline)
     else:
         if p.devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(p.devices[0])
-        parts = [_run_shards(p, plan, progress).to_json()]
+        parts = [_run_shards(p, plan, progress, deadline=deadline).to_json()]
     seconds = time.perf_counter() - start
     measured = sum(sum(record_counts(d).values()) for d, _, _ in plan) - before
     rows = [r for shard_dir, _, _ in plan for r in summarize_shard(shard_dir)]
@@ -317,19 +329,23 @@ def run_search(p: SearchParams, progress: bool = True) -> dict:
         "this_run": {"measured": measured, "seconds": round(seconds, 1),
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
                      "devices": p.devices, "builder_workers": p.builder_workers,
-                     "persistent_builder": p.persistent_builder, "parts": parts},
+                     "persistent_builder": p.persistent_builder,
+                     "remaining_trials": _remaining(p, plan), "parts": parts},
         "per_workload": rows,
     }
     files.write_json(p.report, summary)
+    if p.archive_dir and measured:
+        archive.log_run(Path(p.archive_dir), {k: v for k, v in summary["this_run"].items() if k != "parts"},
+                        totals={k: summary[k] for k in ("workloads", "trials", "failed_trials")})
     return summary
 
 
-def _run_parts(p: SearchParams, progress: bool) -> list[dict]:
+def _run_parts(p: SearchParams, progress: bool, deadline: float | None) -> list[dict]:
     """One process per GPU over alternate shards; a part that dies loses only its shard in
     flight (the databases are resumable), and the stage reports it after the others finish."""
     ctx = multiprocessing.get_context("spawn")
     n = len(p.devices)
-    procs = [ctx.Process(target=_run_part, args=(p, k, n, d, progress)) for k, d in enumerate(p.devices)]
+    procs = [ctx.Process(target=_run_part, args=(p, k, n, d, progress, deadline)) for k, d in enumerate(p.devices)]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -345,9 +361,9 @@ def _run_parts(p: SearchParams, progress: bool) -> list[dict]:
     return out
 
 
-def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None) -> dict:
     p = P.load("search", SearchParams, params_path)
-    summary = run_search(p, progress)
+    summary = run_search(p, progress, stop_after)
     run = summary["this_run"]
     print(f"search: {summary['workloads']} workloads, {summary['trials']} trials "
           f"({summary['failed_trials']} failed), geomean speedup over baseline "
