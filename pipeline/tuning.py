@@ -122,10 +122,11 @@ class TimedRunner(ms.runner.PyRunner):
 
 
 def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
-         callbacks=(), logger: str = "search") -> Phases:
+         callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None) -> Phases:
     """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
     the project's design space, round-robin over the tasks) into a JSONDatabase in `work_dir`.
-    Returns where the time went."""
+    `pool`: a PoolBuilder the caller keeps across calls (its workers then start once per
+    campaign, not once per call). Returns where the time went."""
     from pipeline.space import generator
 
     phases = Phases()
@@ -135,7 +136,11 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
             population_size=sp.population_size, genetic_num_iters=sp.genetic_num_iters),
         task_name=name, rand_state=sp.seed, num_threads=sp.builder_workers,
         logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
-    if getattr(sp, "persistent_builder", True):
+    owned = pool is None
+    if pool is not None:
+        builder = pool
+        builder.phases = phases
+    elif getattr(sp, "persistent_builder", True):
         builder = PoolBuilder(sp.builder_workers, sp.build_timeout_s, phases)
     else:   # TVM's stock builder (a fresh pool every round), kept for the before/after benchmark
         builder = _TimedLocalBuilder(ms.builder.LocalBuilder(
@@ -155,7 +160,7 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
         )
     finally:
         phases.seconds = time.perf_counter() - start
-        if isinstance(builder, PoolBuilder):
+        if owned and isinstance(builder, PoolBuilder):
             builder.shutdown()
     return phases
 

@@ -111,11 +111,11 @@ def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatc
     bad = select_workloads(p)[1].id
     real, calls = search._tune_shard, []
 
-    def flaky(p_, target, shard_dir, pending, bar):
+    def flaky(p_, target, shard_dir, pending, bar, pool=None):
         calls.append([s.id for s, _, _ in pending])
         if bad in calls[-1]:
             raise IndexError("Index 3 out of bounds 3")
-        return real(p_, target, shard_dir, pending, bar)
+        return real(p_, target, shard_dir, pending, bar, pool)
 
     monkeypatch.setattr(search, "_tune_shard", flaky)
     summary = run_search(p, progress=False)

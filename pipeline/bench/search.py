@@ -61,7 +61,8 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int) -> d
         with tempfile.TemporaryDirectory() as tmp:
             p = dataclasses.replace(base, num_workloads=workloads, trials_per_workload=trials,
                                     trials_per_iter=min(base.trials_per_iter, trials),
-                                    work_dir=f"{tmp}/search", report=f"{tmp}/search.json", **over)
+                                    work_dir=f"{tmp}/search", report=f"{tmp}/search.json", archive_dir=None,
+                                    **over)
             summary = run_search(p, progress=False)
         row = {"variant": name, "builder_workers": p.builder_workers, "devices": p.devices,
                "min_repeat_ms": p.min_repeat_ms, **summary["this_run"],

@@ -156,11 +156,13 @@ def record_counts(db_dir: Path) -> dict[str, int]:
     return counts
 
 
-def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar) -> Phases:
+def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar,
+                pool=None) -> Phases:
     ids = [spec.id for spec, _, _ in pending]
     budget = max(r for _, _, r in pending)
     return tuning.tune(p, target, [(spec.id, build(spec)) for spec, _, _ in pending], shard_dir, budget,
-                       p.trials_per_iter, callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)])
+                       p.trials_per_iter, callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)],
+                       pool=pool)
 
 
 def _failed(shard_dir: Path) -> dict[str, str]:
@@ -178,7 +180,7 @@ def _pending(p: SearchParams, shard_dir: Path, shard: list[Spec], entries: list[
 
 
 def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
-                      bar) -> Phases:
+                      bar, pool=None) -> Phases:
     """Tune the shard's pending workloads together; if TVM's task scheduler raises (seen on
     the H200: `IndexError: Index 3 out of bounds 3` inside TaskSchedulerTune), keep what was
     measured, log the error, and tune the rest one workload at a time, so one bad workload
@@ -188,13 +190,13 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
     if not pending:
         return phases
     try:
-        phases.add(_tune_shard(p, target, shard_dir, pending, bar))
+        phases.add(_tune_shard(p, target, shard_dir, pending, bar, pool))
         return phases
     except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
         _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in pending], err)
     for one in _pending(p, shard_dir, shard, entries):
         try:
-            phases.add(_tune_shard(p, target, shard_dir, [one], bar))
+            phases.add(_tune_shard(p, target, shard_dir, [one], bar, pool))
         except Exception as err:   # noqa: BLE001
             _log_scheduler_error(shard_dir, [one[0].id], err)
             failed = _failed(shard_dir)
@@ -258,19 +260,22 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     to `<work_dir>/throughput.jsonl` (the campaign's running log of where the time went)."""
     target = make_target(p.target)
     phases = Phases()
+    # one pool of build workers for all the shards (started once, recycled every 16 rounds)
+    pool = tuning.PoolBuilder(p.builder_workers, p.build_timeout_s, Phases()) if p.persistent_builder else None
     bar = tqdm(total=_remaining(p, plan), desc=f"search{part}", unit="trial", disable=not progress,
                position=position, dynamic_ncols=True)
     for shard_dir, shard, entries in plan:
         if deadline is not None and time.time() > deadline:
             break          # --stop-after: the next run resumes here
         bar.set_postfix_str(shard_dir.name)
-        done = tune_shard_safely(p, target, shard_dir, shard, entries, bar)
+        done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool)
         if done.candidates:
             phases.add(done)
             files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
                 "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
-                **done.to_json()})
+                "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
+                "trials_per_iter": p.trials_per_iter, **done.to_json()})
         baselines_path = shard_dir / "baselines.json"
         baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
         missing = [spec for spec in shard if spec.id not in baselines]
@@ -282,6 +287,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
         if p.archive_dir:
             archive.save(shard_dir, Path(p.archive_dir))
     bar.close()
+    if pool is not None:
+        pool.shutdown()
     return phases
 
 
