@@ -112,12 +112,41 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
     return out
 
 
-def _postprocesses(mod, text: str, target) -> bool:
-    """Whether the target's postprocessors accept a complete guided script (decode runs them)."""
+POSTPROCESS_TIMEOUT_S = 120.0
+_GUARD: list = []     # this process's worker for the postprocessing check (started on first use)
+
+
+def _decodes(mod_json: str, text: str, target_spec) -> bool:
     from pipeline import codec
+    from pipeline.tvm_env import make_target, tvm
 
     try:
-        codec.decode(mod, text, target)
+        codec.decode(tvm.ir.load_json(mod_json), text, make_target(target_spec))
         return True
     except codec.DecodeError:
         return False
+
+
+def guarded(fn, *args, timeout_s: float = POSTPROCESS_TIMEOUT_S):
+    """fn(*args) in a worker process with a timeout (TVM can hang or crash on a schedule);
+    None if it timed out, crashed or raised. The worker is replaced after a failure."""
+    from tvm.support.popen_pool import PopenWorker
+
+    from pipeline.tvm_env import worker_init
+
+    if not _GUARD:
+        _GUARD.append(PopenWorker(initializer=worker_init))
+    worker = _GUARD[0]
+    worker.send(fn, args, timeout=timeout_s)
+    try:
+        return worker.recv()
+    except Exception:   # noqa: BLE001 - TimeoutError, ChildProcessError, or what fn raised
+        return None
+
+
+def _postprocesses(mod, text: str, target) -> bool:
+    """Whether the target's postprocessors accept a complete guided script (decode runs them),
+    checked in a worker process: a TVM hang or crash on this script makes it "no"."""
+    from pipeline.tvm_env import tvm
+
+    return bool(guarded(_decodes, tvm.ir.save_json(mod), text, target.export()))

@@ -95,6 +95,11 @@ class WalkFailed(RuntimeError):
 
 _DONE = object()
 
+# How long the caller waits for TVM to reach the next sampling instruction (replaying the
+# instructions in between and computing the domain). A TVM hang costs only this walk: it
+# fails, the helper thread is left behind (a thread cannot be killed; it is a daemon).
+STEP_TIMEOUT_S = 60.0
+
 
 class Walk:
     """Replays one sketch on `mod`, pausing at each sampling instruction.
@@ -153,7 +158,11 @@ class Walk:
         if not self._started:
             self._started = True
             self._thread.start()
-        item = self._to_main.get()
+        try:
+            item = self._to_main.get(timeout=STEP_TIMEOUT_S)
+        except queue.Empty:
+            self.finished = True
+            raise WalkFailed(f"TVM did not reach the next decision within {STEP_TIMEOUT_S:.0f} s") from None
         if isinstance(item, WalkFailed):
             self.finished = True
             raise item

@@ -6,17 +6,18 @@ unscheduled kernel cannot run, the DLight default schedule: measure.baseline_mod
 outputs and latency are computed once per (workload, inputs seed) in each worker process and
 reused; the baseline latency is timed the same way as the script, in the same process.
 
-Every stage's failure is an outcome, never an exception. Build and run happen in worker
-processes with a timeout (TVM's PopenPoolExecutor), so a script that hangs or crashes the
-compiler costs only its own attempt; the worker is replaced. Builds run in parallel; runs and
-timings take turns (a file lock), so concurrent workers never time kernels against each other.
+Every stage's failure is an outcome, never an exception. Each script is checked in a worker
+process (TVM's PopenWorker) in two phases, each with its own timeout: build (decode, apply,
+postprocess, build; in parallel over the workers) and run (run, compare, time; the same
+worker, which holds the built kernel, runs it once the checker's device lock is free, so
+runs and timings take turns and waiting for the lock never counts against a timeout). A
+timeout or a worker crash is labelled with the phase it happened in; the worker is replaced.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -65,21 +66,6 @@ def reference(mod, target, seed: int = 0, timed: bool = False) -> tuple[list[np.
     return cached
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: str | None):
-    """Runs and timings of all workers take turns on the device (builds stay parallel), so
-    one worker's timing never shares the cores or the GPU with another's."""
-    if not lock_path:
-        yield
-        return
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _decode_and_build(mod, text: str, target):
     """(executable, None), or (None, the Outcome of the stage that failed: decode, apply,
     postproc or build)."""
@@ -114,16 +100,17 @@ def compile_check(mod, text: str, target) -> Outcome:
     return Outcome("ok")
 
 
-def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False,
-                     lock_path: str | None = None) -> Outcome:
+def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False) -> Outcome:
     executable, failed = _decode_and_build(mod, text, target)
     if failed is not None:
         return failed
+    return _run_built(mod, executable, target, seed, timed)
+
+
+def _run_built(mod, executable, target, seed: int, timed: bool) -> Outcome:
     if not device_available(target):
         return Outcome("run", f"no {target.kind.name} device here")
-    inputs = random_inputs(mod, seed)
-    with _exclusive(lock_path):
-        return _run_and_compare(mod, executable, target, inputs, seed, timed)
+    return _run_and_compare(mod, executable, target, random_inputs(mod, seed), seed, timed)
 
 
 def _run_and_compare(mod, executable, target, inputs, seed: int, timed: bool) -> Outcome:
@@ -146,48 +133,92 @@ def _run_and_compare(mod, executable, target, inputs, seed: int, timed: bool) ->
         return Outcome("run", _short(err))
 
 
+# In a worker process: the kernel the last build phase made, for the run phase that follows.
+_BUILT: dict = {}
+
+
 def _worker_compile(mod_json: str, text: str, target_spec) -> dict:
     return compile_check(tvm.ir.load_json(mod_json), text, make_target(target_spec)).to_json()
 
 
-def _worker_check(mod_json: str, text: str, target_spec, seed: int, timed: bool, lock_path: str | None) -> dict:
-    mod = tvm.ir.load_json(mod_json)
-    return check_in_process(mod, text, make_target(target_spec), seed, timed, lock_path).to_json()
+def _worker_build(mod_json: str, text: str, target_spec) -> dict | None:
+    """Build phase: None when the kernel is built (kept for `_worker_run`), else the Outcome."""
+    _BUILT.clear()
+    mod, target = tvm.ir.load_json(mod_json), make_target(target_spec)
+    executable, failed = _decode_and_build(mod, text, target)
+    if failed is not None:
+        return failed.to_json()
+    _BUILT.update(mod=mod, target=target, executable=executable)
+    return None
+
+
+def _worker_run(seed: int, timed: bool) -> dict:
+    built = dict(_BUILT)
+    _BUILT.clear()
+    return _run_built(built["mod"], built["executable"], built["target"], seed, timed).to_json()
 
 
 class Checker:
-    """Checks scripts in worker processes with a timeout per script; `check_many` checks a
-    batch in parallel (one build per worker at a time)."""
+    """Checks scripts in worker processes, build and run phases each with `timeout_s`;
+    `check_many` builds a batch in parallel (`workers` processes) and runs one at a time."""
 
     def __init__(self, timeout_s: float = 60.0, workers: int = 1):
-        from tvm.support.popen_pool import PopenPoolExecutor
-
         self.timeout_s = timeout_s
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, initializer=worker_init)
-        self._lock_file = (tempfile.NamedTemporaryFile(prefix="little-dragon-device-", suffix=".lock")
-                           if workers > 1 else None)
-        self.lock_path = self._lock_file.name if self._lock_file else None
+        self._threads = ThreadPoolExecutor(max_workers=workers)
+        self._local = threading.local()
+        self._device = threading.Lock()
+        self._workers: list = []
 
-    def _submit(self, mod_json: str, text: str, target_spec, seed: int, timed: bool):
-        return self.pool.submit(_worker_check, mod_json, text, target_spec, seed, timed, self.lock_path)
+    def _worker(self):
+        from tvm.support.popen_pool import PopenWorker
 
-    def _result(self, future) -> Outcome:
+        worker = getattr(self._local, "worker", None)
+        if worker is None:
+            worker = self._local.worker = PopenWorker(initializer=worker_init)
+            self._workers.append(worker)
+        return worker
+
+    def _call(self, phase: str, fn, *args):
+        """fn(*args) in this thread's worker: its result, or the Outcome of a timeout or crash."""
+        worker = self._worker()
+        worker.send(fn, args, timeout=self.timeout_s)
         try:
-            return Outcome(**future.result())
+            return worker.recv()
         except TimeoutError:
-            return Outcome("run", f"timeout after {self.timeout_s:.0f} s")
-        except (ChildProcessError, RuntimeError, OSError, EOFError) as err:  # the worker died
-            return Outcome("build", f"worker crashed: {_short(err)}")
+            return Outcome(phase, f"{phase} timeout after {self.timeout_s:.0f} s")
+        except ChildProcessError:
+            return Outcome(phase, f"worker crashed during {phase}")
+        except Exception as err:   # noqa: BLE001 - raised inside the worker: still this phase's outcome
+            return Outcome(phase, f"{type(err).__name__}: {_short(err)}")
+
+    def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool) -> Outcome:
+        built = self._call("build", _worker_build, mod_json, text, target_spec)
+        if isinstance(built, Outcome):
+            return built
+        if built is not None:
+            return Outcome(**built)
+        with self._device:         # runs and timings take turns; the wait is not timed
+            ran = self._call("run", _worker_run, seed, timed)
+        return ran if isinstance(ran, Outcome) else Outcome(**ran)
+
+    def _compile_one(self, mod_json: str, text: str, target_spec) -> Outcome:
+        out = self._call("build", _worker_compile, mod_json, text, target_spec)
+        return out if isinstance(out, Outcome) else Outcome(**out)
 
     def compile_many(self, mod, texts: list[str], target_spec) -> list[Outcome]:
         """compile_check of each script in the worker processes (no device needed)."""
         mod_json = tvm.ir.save_json(mod)
-        return [self._result(self.pool.submit(_worker_compile, mod_json, t, target_spec)) for t in texts]
+        return list(self._threads.map(lambda t: self._compile_one(mod_json, t, target_spec), texts))
 
     def check(self, mod, text: str, target_spec, seed: int = 0, timed: bool = False) -> Outcome:
         return self.check_many(mod, [text], target_spec, seed, timed)[0]
 
     def check_many(self, mod, texts: list[str], target_spec, seed: int = 0, timed: bool = False) -> list[Outcome]:
         mod_json = tvm.ir.save_json(mod)
-        futures = [self._submit(mod_json, t, target_spec, seed, timed) for t in texts]
-        return [self._result(f) for f in futures]
+        return list(self._threads.map(lambda t: self._check_one(mod_json, t, target_spec, seed, timed), texts))
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+        for worker in self._workers:
+            worker.kill()
+        self._workers.clear()

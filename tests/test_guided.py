@@ -151,3 +151,21 @@ def test_the_mask_allows_eos_only_at_the_end(vocabs, cpu_target, matmul_mod):
     c.feed(vocab.eos)
     assert c.complete and c.text == before
     codec.decode(matmul_mod, c.text, cpu_target)
+
+
+def test_a_tvm_hang_during_guided_decoding_costs_only_its_walk(monkeypatch, matmul_mod, cpu_target):
+    """A sampling step that never returns (a TVM hang) fails its walk after the step timeout
+    instead of stopping generation; the postprocessing check runs in a worker with a timeout."""
+    import time
+
+    from pipeline import generate, sketch
+
+    monkeypatch.setattr(sketch, "STEP_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sketch.Walk, "_domain", lambda self, *a: time.sleep(30))
+    walk = sketch.Walk(matmul_mod, cpu_target, sketch.sketches(matmul_mod, cpu_target)[0])
+    start = time.perf_counter()
+    with pytest.raises(sketch.WalkFailed, match="did not reach the next decision"):
+        walk.next()
+    assert time.perf_counter() - start < 5
+    assert generate.guarded(time.sleep, 10, timeout_s=1) is None
+    assert generate.guarded(max, 3, 4) == 4
