@@ -121,6 +121,63 @@ class TimedRunner(ms.runner.PyRunner):
         return [_TimedFuture(f, self.phases) for f in self.inner.run(runner_inputs)]
 
 
+@tvm.ir.utils.derived_object
+class ReplayFirst(ms.search_strategy.PySearchStrategy):
+    """MetaSchedule's evolutionary search, except that a task's first batch is sampled
+    straight from the design space (ReplayTrace: replay a sketch with random decisions,
+    postprocess). Why: before the first measurement the cost model is untrained and predicts
+    zeros, so the evolutionary search's first round postprocesses a population of
+    `population_size` x (1 + `genetic_num_iters`) schedules only to pick a batch that is
+    random anyway; that round is most of a short (32-64 trial) task's CPU time. From the
+    second batch on, the evolutionary search runs as usual, with the first batch in the
+    database and the cost model trained on it."""
+
+    def __init__(self, population_size: int, genetic_num_iters: int) -> None:
+        super().__init__()
+        self.population_size, self.genetic_num_iters = population_size, genetic_num_iters
+        self.replay = ms.search_strategy.ReplayTrace()
+        self.evolve = ms.search_strategy.EvolutionarySearch(population_size=population_size,
+                                                            genetic_num_iters=genetic_num_iters)
+        self.first = True
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.replay._initialize_with_tune_context(context)
+        self.evolve._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.first = True
+        self.replay.pre_tuning(min(max_trials, num_trials_per_iter), num_trials_per_iter, design_spaces,
+                               database, cost_model)
+        self.evolve.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.replay.post_tuning()
+        self.evolve.post_tuning()
+
+    def generate_measure_candidates(self):
+        if self.first:
+            candidates = self.replay.generate_measure_candidates()
+            if candidates:
+                return candidates
+            self.first = False
+        return self.evolve.generate_measure_candidates()
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        (self.replay if self.first else self.evolve).notify_runner_results(measure_candidates, results)
+        self.first = False
+
+    def clone(self):
+        return ReplayFirst(self.population_size, self.genetic_num_iters)
+
+
+def strategy(sp):
+    """The search strategy the search params ask for (`first_round`)."""
+    if getattr(sp, "first_round", "evolutionary") == "replay":
+        return ReplayFirst(sp.population_size, sp.genetic_num_iters)
+    return ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
+                                                 genetic_num_iters=sp.genetic_num_iters)
+
+
 def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
          callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None) -> Phases:
     """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
@@ -132,8 +189,7 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
     phases = Phases()
     tasks = [ms.TuneContext(
         mod=mod, target=target, space_generator=generator(target),
-        search_strategy=ms.search_strategy.EvolutionarySearch(
-            population_size=sp.population_size, genetic_num_iters=sp.genetic_num_iters),
+        search_strategy=strategy(sp),
         task_name=name, rand_state=sp.seed, num_threads=sp.builder_workers,
         logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
     owned = pool is None

@@ -89,3 +89,17 @@ def test_sigkill_loses_at_most_the_shards_in_flight(tmp_path):
     clean = corpus.main(str(_params(fresh, workloads=40, shard_size=2)), progress=False)
     assert clean["shards_written"] == 20
     assert rows == _rows(fresh / "params.yaml", {"kind": "llvm", "num-cores": 2})   # nothing lost, nothing twice
+
+
+def test_the_plan_does_not_move_when_the_search_changes(tmp_path):
+    """Shards are planned over the catalog minus the held-out kernels only: a bigger search
+    (which once shifted every shard boundary) names the same shard files."""
+    params = _params(tmp_path, workloads=8, shard_size=3)
+    before = [path for *_, path in corpus.plan(corpus.P.load("corpus", corpus.CorpusParams, params),
+                                               corpus.excluded_hashes(str(params)))]
+    raw = yaml.safe_load(params.read_text())
+    raw["search"]["num_workloads"] = 64
+    params.write_text(yaml.safe_dump(raw))
+    after = [path for *_, path in corpus.plan(corpus.P.load("corpus", corpus.CorpusParams, params),
+                                              corpus.excluded_hashes(str(params)))]
+    assert before == after

@@ -204,3 +204,16 @@ def test_stop_after_starts_no_new_shard_and_says_what_is_left(tmp_path):
     p = _params(tmp_path, num_workloads=2, shard_size=1)
     summary = run_search(p, progress=False, stop_after=1e-6)
     assert summary["this_run"]["measured"] == 0 and summary["this_run"]["remaining_trials"] == 8
+
+
+def test_replay_first_round_then_evolutionary_search(tmp_path):
+    """first_round: replay samples a task's first batch from the design space, then the
+    evolutionary search takes over: the budget is measured in full, the same way."""
+    from pipeline import tuning
+
+    p = _params(tmp_path, trials_per_workload=8, trials_per_iter=4, first_round="replay")
+    assert isinstance(tuning.strategy(p), tuning.ReplayFirst)
+    summary = run_search(p, progress=False)
+    assert summary["trials"] == 8 and summary["failed_trials"] == 0
+    log = list(files.read_jsonl(tmp_path / "search" / "throughput.jsonl"))
+    assert log[0]["first_round"] == "replay" and log[0]["rounds"] == 2

@@ -61,6 +61,9 @@ class SearchParams:
     report: str = "reports/search.json"
     offset: int = 0                  # skip this many eligible workloads (held-out splits, sharding across machines)
     persistent_builder: bool = True  # keep build workers across rounds (pipeline.tuning.PoolBuilder)
+    # "replay": a task's first batch straight from the design space, then evolutionary search
+    # (pipeline.tuning.ReplayFirst); "evolutionary": MetaSchedule's stock strategy throughout
+    first_round: str = "evolutionary"
     # GPUs measuring at once: one process per GPU over alternate shards, builder workers split
     # between them ([]: one process on the default device)
     devices: list[int] = field(default_factory=list)
@@ -79,6 +82,7 @@ class SearchParams:
         unknown = sorted(set(self.families) - set(FAMILIES))
         P.require(not unknown, f"unknown families {unknown}; choose from {sorted(FAMILIES)}")
         P.require(bool(self.families), "families must list at least one family")
+        P.require(self.first_round in ("evolutionary", "replay"), "first_round must be 'evolutionary' or 'replay'")
         P.require(all(isinstance(d, int) and d >= 0 for d in self.devices) and len(set(self.devices)) == len(self.devices),
                   "devices must list distinct GPU indices, e.g. [0, 1]")
 
@@ -275,6 +279,7 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                 "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
                 "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
+                "first_round": p.first_round,
                 "trials_per_iter": p.trials_per_iter, **done.to_json()})
         baselines_path = shard_dir / "baselines.json"
         baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
