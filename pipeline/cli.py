@@ -10,6 +10,7 @@
     little-dragon evaluate               stage 6: gated evaluation, MLflow registry (champion alias)
     little-dragon pull [--dest DIR]      fetch models:/little-dragon@champion
     little-dragon optimize KERNEL        write, verify and time K scripts for your kernel; print the best
+    little-dragon tune KERNEL            model-guided tuning into a MetaSchedule database (N candidates)
     little-dragon codec-report           compactness of the script language
 
 Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
@@ -157,6 +158,37 @@ def _optimize(args) -> int:
     return 0
 
 
+def _default_model(args, command: str) -> str | None:
+    from pathlib import Path
+
+    if args.model is not None:
+        return args.model
+    if not Path("models/champion").exists():
+        print(f"little-dragon {command}: no model: run `little-dragon pull` (fetches the champion to "
+              "models/champion) or pass --model DIR", file=sys.stderr)
+        return None
+    return "models/champion"
+
+
+def _tune(args) -> int:
+    from pipeline import models, optimize, tune
+
+    if args.trials < 1:
+        print(f"little-dragon tune: --trials must be >= 1, got {args.trials}", file=sys.stderr)
+        return 2
+    model_dir = _default_model(args, "tune")
+    if model_dir is None:
+        return 2
+    try:
+        r = tune.tune(args.kernel, _target_arg(args.target), args.trials, model_dir, args.work_dir,
+                      batch=args.batch, timeout_s=args.timeout, progress=not args.quiet)
+    except (optimize.KernelError, models.ModelError) as err:
+        print(f"little-dragon tune: {err}", file=sys.stderr)
+        return 2
+    print(tune.main_summary(r, args.work_dir))
+    return 0 if r.best_latency_s else 1
+
+
 def _bench_records(args) -> int:
     from pipeline.bench import records as bench_records
 
@@ -217,6 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--free", action="store_true",
                    help="sample freely instead of guiding by the kernel's design space (shows the model's own validity)")
     p.set_defaults(func=_optimize)
+
+    p = sub.add_parser("tune", help="model-guided tuning: construction, then refinement of the best, until N are measured")
+    p.add_argument("kernel", help="a TVMScript file with a PrimFunc, or a Python file that builds one (TE)")
+    p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
+    p.add_argument("--trials", type=int, default=16, help="distinct candidates to measure (N)")
+    p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round")
+    p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
+    p.add_argument("--work-dir", default="tuned", help="MetaSchedule database and tune.jsonl (resumable)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per phase of each check")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_tune)
 
     p = sub.add_parser("bench-records", help="benchmark: memory of building examples from 1M records")
     p.add_argument("--records", type=int, default=1_000_000)

@@ -1,0 +1,191 @@
+"""`little-dragon tune KERNEL --trials N`: model-guided tuning of one kernel.
+
+Round 1 (construction): the model writes a batch of scripts for the kernel (guided decoding:
+every script is inside the kernel's design space). Each is checked and timed like every
+script in this project (pipeline.verify: built, run, compared with the reference, timed in
+a worker). Round 2 on (refinement): the best measured scripts go back to the model in
+refinement prompts that carry their measured speedup, and it writes faster ones. Rounds go
+on until N distinct candidates are measured (or the model stops finding new ones).
+
+Every measured candidate goes into a MetaSchedule `JSONDatabase` in the work folder (failed
+ones with run_secs 1e10, as MetaSchedule stores them), so TVM's own tools read the result:
+`ms.database.JSONDatabase(work_dir=...).query_schedule(mod, target, "main")`. `tune.jsonl`
+keeps each candidate's script, round, outcome and latency. Resumable: a second run with the
+same work folder continues from both files and measures nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import files
+
+
+@dataclass
+class TuneResult:
+    measured: int = 0
+    correct: int = 0
+    rounds: int = 0
+    best_latency_s: float | None = None
+    baseline_s: float | None = None
+    best_script: str | None = None
+    curve: list[float | None] = field(default_factory=list)   # best latency after each candidate
+    seconds: float = 0.0
+    generation_seconds: float = 0.0
+    stopped: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        return self.baseline_s / self.best_latency_s if self.baseline_s and self.best_latency_s else None
+
+    def to_json(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["speedup"] = self.speedup
+        return out
+
+
+class Tuner:
+    """The tuning loop for one kernel; `model`/`tok` are a loaded model and tokenizer."""
+
+    def __init__(self, mod, target_spec, model, tok, work_dir, batch: int = 8, keep: int = 2,
+                 timeout_s: float = 60.0, workers: int = 2, seed: int = 0, checker=None):
+        from pipeline.describe import describe
+        from pipeline.tvm_env import make_target, ms
+        from pipeline.verify import Checker
+
+        self.mod, self.target_spec, self.target = mod, target_spec, make_target(target_spec)
+        self.model, self.tok, self.batch, self.keep, self.seed = model, tok, batch, keep, seed
+        self.work = Path(work_dir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        from pipeline import records
+
+        records.repair(self.work)     # an interrupted run may have left half a record
+        self.db = ms.database.JSONDatabase(work_dir=str(self.work))
+        self.workload = self.db.commit_workload(mod)
+        self.description = describe(mod)
+        self.checker = checker or Checker(timeout_s=timeout_s, workers=workers)
+        self.log_path = self.work / "tune.jsonl"
+        self.seen: dict[str, dict] = {}
+        for row in files.read_jsonl(self.log_path) if self.log_path.exists() else []:
+            self.seen[row["script"]] = row
+
+    # -- rounds ---------------------------------------------------------------------------
+    def prompts(self) -> list[tuple[str, int]]:
+        """(prompt, attempts): construction first; then refinement of the `keep` best."""
+        from pipeline.prompts import construction_prompt, refinement_prompt
+
+        best = sorted((r for r in self.seen.values() if r["latency_s"]), key=lambda r: r["latency_s"])[: self.keep]
+        if not best:
+            return [(construction_prompt(self.description, self.target.kind.name), self.batch)]
+        per = max(1, self.batch // len(best))
+        return [(refinement_prompt(self.description, self.target.kind.name, r["script"],
+                                   (r["baseline_s"] / r["latency_s"]) if r["baseline_s"] else 1.0), per)
+                for r in best]
+
+    def write(self, round_: int) -> tuple[list[str], float]:
+        from pipeline.generate import GenerationParams, generate
+
+        scripts, seconds = [], 0.0
+        for k, (prompt, attempts) in enumerate(self.prompts()):
+            g = GenerationParams(attempts=attempts, guided=True)
+            w = generate(self.model, self.tok, [prompt], g, seed=self.seed + 1000 * round_ + k,
+                         kernels=[(self.mod, self.target)])
+            seconds += w.seconds
+            scripts += [s for s, done in zip(w.scripts[0], w.complete[0]) if s and done]
+        return scripts, seconds
+
+    def measure(self, scripts: list[str], round_: int) -> list[dict]:
+        outcomes = self.checker.check_many(self.mod, scripts, self.target_spec, timed=True)
+        rows = []
+        for script, o in zip(scripts, outcomes):
+            row = {"script": script, "round": round_, "stage": o.stage, "error": o.error,
+                   "latency_s": o.latency_s if o.correct else None, "baseline_s": o.baseline_s}
+            self._commit(script, row["latency_s"])
+            files.append_jsonl(self.log_path, row)
+            self.seen[script] = row
+            rows.append(row)
+        return rows
+
+    def _commit(self, script: str, latency_s: float | None) -> None:
+        """The candidate as a MetaSchedule tuning record (1e10 s when it failed, as MetaSchedule
+        stores a failed candidate); a script that does not even apply has no trace to store."""
+        from pipeline import codec
+        from pipeline.tvm_env import Schedule, TVM_ERRORS, ms
+
+        try:
+            sch = Schedule(self.mod, debug_mask=0)
+            codec.decode(self.mod, script, self.target).apply_to_schedule(sch, remove_postproc=False)
+        except (codec.DecodeError, *TVM_ERRORS):
+            return
+        self.db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, self.workload, [latency_s if latency_s else 1e10], self.target,
+            ms.arg_info.ArgInfo.from_prim_func(self.mod["main"])))
+
+    def run(self, trials: int, max_idle_rounds: int = 3, progress: bool = True) -> TuneResult:
+        from tqdm import tqdm
+
+        start = time.perf_counter()
+        result = TuneResult()
+        rows = list(self.seen.values())
+        idle, round_ = 0, 1 + max((r["round"] for r in rows), default=0)
+        bar = tqdm(total=trials, initial=min(len(rows), trials), desc="tune", unit="candidate", disable=not progress)
+        while len(rows) < trials:
+            scripts, gen_s = self.write(round_)
+            result.generation_seconds += gen_s
+            fresh = list(dict.fromkeys(s for s in scripts if s not in self.seen))[: trials - len(rows)]
+            if not fresh:
+                idle += 1
+                if idle >= max_idle_rounds:
+                    result.stopped = f"no new script in {idle} rounds"
+                    break
+                round_ += 1
+                continue
+            idle = 0
+            rows += self.measure(fresh, round_)
+            bar.update(len(fresh))
+            round_ += 1
+        bar.close()
+        best = None
+        for r in rows:
+            if r["latency_s"] and (best is None or r["latency_s"] < best["latency_s"]):
+                best = r
+            result.curve.append(best["latency_s"] if best else None)
+        result.measured, result.correct = len(rows), sum(1 for r in rows if r["latency_s"])
+        result.rounds = max((r["round"] for r in rows), default=0)
+        if best:
+            result.best_latency_s, result.baseline_s, result.best_script = best["latency_s"], best["baseline_s"], best["script"]
+        result.seconds = time.perf_counter() - start
+        files.write_json(self.work / "result.json", result.to_json())
+        return result
+
+
+def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: str, batch: int = 8,
+         timeout_s: float = 60.0, progress: bool = True) -> TuneResult:
+    from pipeline import models
+    from pipeline.describe import DescribeError
+    from pipeline.optimize import KernelError, load_kernel
+    from pipeline.tvm_env import make_target
+
+    if trials < 1:
+        raise KernelError(f"--trials must be >= 1, got {trials}")
+    make_target(target_spec)          # a bad target fails here, before the model loads
+    mod = load_kernel(kernel_path)
+    model, tok = models.load(model_dir)
+    try:
+        tuner = Tuner(mod, target_spec, model, tok, work_dir, batch=batch, timeout_s=timeout_s)
+    except DescribeError as err:
+        raise KernelError(f"{kernel_path}: {err}") from None
+    result = tuner.run(trials, progress=progress)
+    if result.best_script:
+        files.write_text_atomic(Path(work_dir) / "best.script", result.best_script + "\n")
+    return result
+
+
+def main_summary(r: TuneResult, work_dir: str) -> str:
+    if not r.best_latency_s:
+        return f"tune: {r.measured} candidates measured, none correct; database in {work_dir}"
+    return (f"tune: {r.measured} candidates ({r.correct} correct) in {r.rounds} rounds, {r.seconds:.0f} s; "
+            f"best {r.best_latency_s * 1e6:.1f} us ({r.speedup:.2f}x the baseline) -> {work_dir}/best.script, "
+            f"MetaSchedule database in {work_dir}" + (f" ({r.stopped})" if r.stopped else ""))
