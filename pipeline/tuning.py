@@ -178,6 +178,20 @@ def strategy(sp):
                                                  genetic_num_iters=sp.genetic_num_iters)
 
 
+def make_runner(sp):
+    """MetaSchedule's LocalRunner (the default), or its RPCRunner when `sp.runner` is "rpc":
+    candidates are built here and measured by whatever RPC servers registered with the
+    tracker at `sp.rpc_tracker` under `sp.rpc_key` (any number of GPU hosts)."""
+    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=sp.min_repeat_ms)
+    if getattr(sp, "runner", "local") == "rpc":
+        host, _, port = sp.rpc_tracker.rpartition(":")
+        return ms.runner.RPCRunner(
+            rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=sp.rpc_key,
+                                           session_timeout_sec=sp.run_timeout_s),
+            evaluator_config=evaluator, max_workers=sp.rpc_workers, initializer=worker_init)
+    return ms.runner.LocalRunner(timeout_sec=sp.run_timeout_s, initializer=worker_init, evaluator_config=evaluator)
+
+
 def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
          callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None) -> Phases:
     """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
@@ -201,9 +215,7 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
     else:   # TVM's stock builder (a fresh pool every round), kept for the before/after benchmark
         builder = _TimedLocalBuilder(ms.builder.LocalBuilder(
             max_workers=sp.builder_workers, timeout_sec=sp.build_timeout_s, initializer=worker_init), phases)
-    runner = TimedRunner(ms.runner.LocalRunner(
-        timeout_sec=sp.run_timeout_s, initializer=worker_init,
-        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=sp.min_repeat_ms)), phases)
+    runner = TimedRunner(make_runner(sp), phases)
     start = time.perf_counter()
     try:
         ms.tune.tune_tasks(

@@ -217,3 +217,46 @@ def test_replay_first_round_then_evolutionary_search(tmp_path):
     assert summary["trials"] == 8 and summary["failed_trials"] == 0
     log = list(files.read_jsonl(tmp_path / "search" / "throughput.jsonl"))
     assert log[0]["first_round"] == "replay" and log[0]["rounds"] == 2
+
+
+def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path):
+    """runner: rpc - TVM's own tracker and one CPU RPC server on 127.0.0.1 measure the
+    candidates (loopback; on a cluster the servers run on the GPU hosts)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**__import__("os").environ}
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                                "--port-end", str(port + 1)], env=env, stdout=open(tmp_path / "tracker.log", "w"), stderr=subprocess.STDOUT)
+    server_log = tmp_path / "server.log"
+    server = None
+    try:
+        time.sleep(2)
+        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+                                   "--key", "test-cpu", "--host", "127.0.0.1"], env=env,
+                                  stdout=open(server_log, "w"), stderr=subprocess.STDOUT)
+        from tvm import rpc
+
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                summary = rpc.connect_tracker("127.0.0.1", port).summary()
+                if any(q.get("key") == "test-cpu" for q in summary.get("server_info", [])):
+                    break
+            except Exception:   # noqa: BLE001 - the tracker is still starting
+                pass
+            time.sleep(0.5)
+        p = _params(tmp_path, runner="rpc", rpc_tracker=f"127.0.0.1:{port}", rpc_key="test-cpu")
+        summary = run_search(p, progress=False)
+        assert summary["trials"] == 4 and summary["failed_trials"] == 0
+        assert all(r["best_s"] > 0 for r in summary["per_workload"])
+    finally:
+        for proc in (server, tracker):
+            if proc is not None:
+                proc.kill()
+                proc.wait()

@@ -70,6 +70,12 @@ class SearchParams:
     # Compressed copy of every shard kept in git (databases/README.md): a shard is restored
     # from it when it holds more records than work_dir, and re-archived after it is tuned.
     archive_dir: str | None = None
+    # "local": measure here (MetaSchedule's LocalRunner); "rpc": measure on the RPC servers
+    # registered with TVM's tracker at rpc_tracker ("host:port") under rpc_key (README: cluster)
+    runner: str = "local"
+    rpc_tracker: str = "127.0.0.1:9190"
+    rpc_key: str = "gpu"
+    rpc_workers: int = 1             # measurements in flight (one per RPC server is the usual)
 
     def __post_init__(self):
         P.require(self.num_workloads > 0, "num_workloads must be > 0")
@@ -83,6 +89,10 @@ class SearchParams:
         P.require(not unknown, f"unknown families {unknown}; choose from {sorted(FAMILIES)}")
         P.require(bool(self.families), "families must list at least one family")
         P.require(self.first_round in ("evolutionary", "replay"), "first_round must be 'evolutionary' or 'replay'")
+        P.require(self.runner in ("local", "rpc"), "runner must be 'local' or 'rpc'")
+        host, _, port = self.rpc_tracker.rpartition(":")
+        P.require(bool(host) and port.isdigit(), f"rpc_tracker must be host:port, got {self.rpc_tracker!r}")
+        P.require(self.rpc_workers > 0, "rpc_workers must be > 0")
         P.require(all(isinstance(d, int) and d >= 0 for d in self.devices) and len(set(self.devices)) == len(self.devices),
                   "devices must list distinct GPU indices, e.g. [0, 1]")
 

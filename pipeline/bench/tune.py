@@ -1,0 +1,142 @@
+"""Benchmark: model-guided tuning (`little-dragon tune`) against MetaSchedule's evolutionary
+search at equal measured candidates, on TVM's te_workload kernels, in one run.
+
+    python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
+        [--ms-trials 64] [--out reports/bench_tune_cpu.json]
+
+Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
+MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round). Every candidate of both is
+timed by the same checker (pipeline.verify), so the comparison never mixes two timers:
+MetaSchedule's best of its first K is the fastest of its first K candidates as the checker
+times them, as in the evaluation. Reported: best latency after 8, 16, ... candidates for
+both, the candidates the model needed to reach MetaSchedule's 64-candidate result, the wall
+time of each, and a plot of latency against candidates (reports/bench_tune_cpu.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+TASKS = ["GMM:0", "SFM:0", "NRM:0", "C1D:0", "C2D:0", "DEP:0", "T2D:0", "GRP:0"]
+
+
+def _best_curve(latencies: list[float | None]) -> list[float | None]:
+    out, best = [], None
+    for x in latencies:
+        if x is not None and (best is None or x < best):
+            best = x
+        out.append(best)
+    return out
+
+
+def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker) -> dict:
+    from pipeline import metaschedule
+    from pipeline.stages.evaluate import te_module
+    from pipeline.tune import Tuner
+    from pipeline.tvm_env import make_target
+
+    target = make_target(target_spec)
+    mod = te_module(item)
+    row = {"task": item}
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model", checker=checker).run(trials, progress=False)
+        row["model"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve, "measured": r.measured,
+                        "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped}
+        tuned = metaschedule.tune(mod, target, ms_trials, Path(tmp) / "ms", sp, f"bench_{item}")
+        start = time.perf_counter()
+        scripts = [s for s in tuned.scripts if s is not None]
+        timed = dict(zip(scripts, checker.check_many(mod, scripts, target_spec, timed=True)))
+        lat = [timed[s].latency_s if s is not None and timed[s].correct else None for s in tuned.scripts]
+        row["metaschedule"] = {"seconds": round(tuned.seconds, 1), "retime_seconds": round(time.perf_counter() - start, 1),
+                               "curve": _best_curve(lat), "measured": len(lat), "correct": sum(x is not None for x in lat)}
+    return row
+
+
+def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
+    def at(curve, k):
+        return curve[min(k, len(curve)) - 1] if curve else None
+
+    per, wins, reach = [], 0, []
+    for row in rows:
+        m, s = row["model"]["curve"], row["metaschedule"]["curve"]
+        ms_full = at(s, ms_trials)
+        model_n = at(m, trials)
+        win = model_n is not None and ms_full is not None and model_n <= ms_full
+        wins += win
+        need = next((i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
+        reach.append(need)
+        per.append({"task": row["task"], f"model@{trials}": model_n, f"ms@{trials}": at(s, trials),
+                    f"ms@{ms_trials}": ms_full, "model_le_ms_full": win, "model_trials_to_ms_full": need,
+                    "model_seconds": row["model"]["seconds"], "ms_seconds": row["metaschedule"]["seconds"],
+                    "ratio_model_to_ms_full": (model_n / ms_full) if model_n and ms_full else None})
+    return {"tasks": len(rows), "trials": trials, "ms_trials": ms_trials,
+            f"model@{trials}_le_ms@{ms_trials}": wins, "fraction": wins / len(rows) if rows else None,
+            "target_fraction": 0.7, "per_task": per}
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(rows)
+    cols = min(4, n)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4 * cols, 3 * ((n + cols - 1) // cols)), squeeze=False)
+    for ax, row in zip(axes.flat, rows):
+        for key, label in (("model", "model (tune)"), ("metaschedule", "MetaSchedule")):
+            curve = row[key]["curve"]
+            xs = [i + 1 for i, y in enumerate(curve) if y is not None]
+            ax.plot(xs, [curve[i - 1] * 1e6 for i in xs], label=label)
+        ax.set_title(row["task"])
+        ax.set_xlabel("measured candidates")
+        ax.set_ylabel("best latency (us)")
+        ax.set_xscale("log", base=2)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/rl")
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--tasks", nargs="+", default=TASKS)
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--ms-trials", type=int, default=64)
+    ap.add_argument("--out", default="reports/bench_tune_cpu.json")
+    args = ap.parse_args()
+    import yaml
+
+    from pipeline import files, models, params as P
+    from pipeline.stages.search import SearchParams
+    from pipeline.verify import Checker
+
+    raw = yaml.safe_load(Path(args.params).read_text())
+    # MetaSchedule at its own defaults (population 512 x 4 generations), 16 candidates a round so
+    # its cost model learns over the 64: the strongest MetaSchedule this budget allows
+    sp = dataclasses.replace(P.from_dict(SearchParams, raw["search"], "search"), population_size=512,
+                             genetic_num_iters=4, trials_per_iter=16)
+    model, tok = models.load(args.model)
+    checker = Checker(timeout_s=120, workers=2)
+    rows = []
+    for item in args.tasks:
+        rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker))
+        summary = summarize(rows, args.trials, args.ms_trials)
+        files.write_json(args.out, {"model": args.model, "target": raw["search"]["target"], **summary, "rows": rows})
+        print(summary["per_task"][-1], flush=True)
+    plot(rows, str(Path(args.out).with_suffix(".png")))
+    s = summarize(rows, args.trials, args.ms_trials)
+    print(f"model@{args.trials} <= MetaSchedule@{args.ms_trials} on {s[f'model@{args.trials}_le_ms@{args.ms_trials}']}"
+          f"/{s['tasks']} tasks -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
