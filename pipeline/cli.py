@@ -57,7 +57,7 @@ def _codec_report(args) -> int:
 def _corpus(args) -> int:
     from pipeline.stages import corpus
 
-    corpus.main(args.params, progress=not args.quiet, workers=args.workers)
+    corpus.main(args.params, progress=not args.quiet, workers=args.workers, cluster=args.cluster)
     return 0
 
 
@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("corpus", help="the pre-training corpus: design-space scripts, parallel, sharded, resumable")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: corpus.workers; 0 = all cores)")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS",
+                   help="a running Dask scheduler (tcp://host:8786); default: a local cluster of --workers processes")
     p.set_defaults(func=_corpus)
     p = sub.add_parser("data", help="stage 2: training examples and the pre-training corpus")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -103,3 +103,29 @@ def test_the_plan_does_not_move_when_the_search_changes(tmp_path):
     after = [path for *_, path in corpus.plan(corpus.P.load("corpus", corpus.CorpusParams, params),
                                               corpus.excluded_hashes(str(params)))]
     assert before == after
+
+
+def test_a_worker_lost_mid_run_loses_nothing_and_counts_nothing_twice(tmp_path):
+    """The corpus on a local Dask cluster of 2 workers; one worker process is killed
+    (SIGKILL) once the first shard is written. Its shard runs again elsewhere: every planned
+    shard is there, every workload counted once, no script twice."""
+    params = _params(tmp_path, workloads=12, shard_size=2)
+    p = corpus.P.load("corpus", corpus.CorpusParams, params)
+    shards = corpus.plan(p, corpus.excluded_hashes(str(params)))
+    killed = []
+
+    def kill_one(client):
+        deadline = time.time() + 180
+        while time.time() < deadline and not any(path.exists() for *_, path in shards):
+            time.sleep(0.1)
+        pids = client.run(os.getpid)
+        busy = [addr for addr, tasks in client.processing().items() if tasks]
+        victim = busy[0] if busy else next(iter(pids))
+        os.kill(pids[victim], signal.SIGKILL)
+        killed.append(victim)
+
+    run = corpus.generate(p, set(), progress=False, shards=shards, on_client=kill_one)
+    assert killed and all(path.exists() for *_, path in shards)
+    assert run["written_this_run"]["workloads"] == 12 and run["shards_written"] == 6
+    rows = list(corpus.read([path for *_, path in shards]))
+    assert len(rows) == len({(r["workload"], r["text"]) for r in rows}) == run["written_this_run"]["scripts"]

@@ -21,7 +21,6 @@ import json
 import lzma
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +35,8 @@ class CorpusParams:
     targets: list = field(default_factory=lambda: [
         {"target": {"kind": "llvm", "num-cores": 2}, "workloads": 400, "samples_per_workload": 2}])
     shard_size: int = 50           # workloads per shard (the work lost at most on interruption)
-    workers: int = 0               # processes; 0 = all cores
+    workers: int = 0                 # local cluster worker processes; 0 = all cores
+    cluster: str | None = None       # a running Dask scheduler (tcp://host:8786); None: a local cluster
     seed: int = 0
     output_dir: str = "corpus"
     report: str = "reports/corpus.json"
@@ -68,13 +68,10 @@ def shard_path(out_dir: Path, target_spec, k: int, specs: list[dict], samples: i
     return Path(out_dir) / target_dir_name(target_spec) / f"shard-{k:05d}-{digest}.jsonl.xz"
 
 
-def _init_worker() -> None:
-    import pipeline.tvm_env  # noqa: F401  (the import fix before TVM loads its intrinsics)
-
-
 def make_shard(specs_json: list[dict], target_spec, samples: int, seed: int, path: str) -> dict:
     """One shard: sample, encode, check, write atomically. Runs in a worker process.
     A workload without a design space on the target, or whose samples all fail, is counted."""
+    import pipeline.tvm_env  # noqa: F401  (the import fix before TVM loads its intrinsics)
     from pipeline import codec
     from pipeline.describe import describe
     from pipeline.prompts import construction_prompt
@@ -137,28 +134,32 @@ def plan(p: CorpusParams, exclude: set[str]) -> list[tuple[dict, int, list[dict]
     return out
 
 
-def generate(p: CorpusParams, exclude: set[str], progress: bool = True, shards: list | None = None) -> dict:
-    """Write every missing shard of the plan (`shards`, or planned here); return the totals."""
+def generate(p: CorpusParams, exclude: set[str], progress: bool = True, shards: list | None = None,
+             cluster: str | None = None, on_client=None) -> dict:
+    """Write every missing shard of the plan (`shards`, or planned here) on a Dask cluster
+    (pipeline.cluster: a local one of `p.workers` processes, or the scheduler at `cluster`);
+    return the totals."""
+    from pipeline import cluster as dask_cluster
+
     shards = plan(p, exclude) if shards is None else shards
     todo = [(e, k, s, path) for e, k, s, path in shards if not path.exists()]
-    workers = p.workers or os.cpu_count() or 1
+    workers = min(p.workers or os.cpu_count() or 1, max(1, len(todo)))
     start = time.perf_counter()
     made = {"scripts": 0, "workloads": 0, "no_space": 0, "failed": 0}
     bar = tqdm(total=sum(len(s) for _, _, s, _ in todo), desc="corpus", unit="wl", disable=not progress)
-    if todo:
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_init_worker) as pool:
-            futures = [pool.submit(make_shard, s, e["target"], e["samples_per_workload"], p.seed + k, str(path))
-                       for e, k, s, path in todo]
-            for fut in as_completed(futures):
-                r = fut.result()
-                for key in made:
-                    made[key] += r[key]
-                bar.update(r["workloads"])
-                bar.set_postfix(scripts=made["scripts"], per_s=f"{made['scripts'] / (time.perf_counter() - start):.1f}")
+
+    def done(r: dict) -> None:
+        for key in made:
+            made[key] += r[key]
+        bar.update(r["workloads"])
+        bar.set_postfix(scripts=made["scripts"], per_s=f"{made['scripts'] / (time.perf_counter() - start):.1f}")
+
+    jobs = [(s, e["target"], e["samples_per_workload"], p.seed + k, str(path)) for e, k, s, path in todo]
+    dask_cluster.run(make_shard, jobs, address=cluster, workers=workers, on_result=done, on_client=on_client)
     bar.close()
     seconds = time.perf_counter() - start
     return {"shards": len(shards), "shards_written": len(todo), "seconds_this_run": round(seconds, 1),
-            "workers": workers, "written_this_run": made,
+            "workers": workers if not cluster else cluster, "written_this_run": made,
             "scripts_per_second_this_run": round(made["scripts"] / seconds, 2) if made["scripts"] else None}
 
 
@@ -205,12 +206,13 @@ def excluded_hashes(params_path: str) -> set[str]:
     return set(held_out_hashes())
 
 
-def main(params_path: str = "params.yaml", progress: bool = True, workers: int | None = None) -> dict:
+def main(params_path: str = "params.yaml", progress: bool = True, workers: int | None = None,
+         cluster: str | None = None) -> dict:
     p = P.load("corpus", CorpusParams, params_path)
     if workers is not None:
         p.workers = workers
     shards = plan(p, excluded_hashes(params_path))
-    run = generate(p, set(), progress, shards)
+    run = generate(p, set(), progress, shards, cluster=cluster or p.cluster)
     report = {**run, "targets": summarize(shards)}
     files.write_json(p.report, report)
     totals = ", ".join(f"{k}: {v['scripts']} scripts over {v['workloads']} workloads "
