@@ -69,22 +69,38 @@ def params_for_run(profile: str | None, overrides: dict[str, Any] | None):
             target.write_bytes(original)
 
 
+def with_cluster(overrides: dict[str, Any] | None, cluster: str | None = None,
+                 rpc_tracker: str | None = None) -> dict[str, Any] | None:
+    """The flows' cluster parameters as params overrides: `cluster` (a Dask scheduler
+    address) for the corpus stage's shards, `rpc_tracker` (host:port of TVM's RPC tracker)
+    for the search stage's measurements."""
+    out = dict(overrides or {})
+    if cluster:
+        out["corpus.cluster"] = cluster
+    if rpc_tracker:
+        out.update({"search.runner": "rpc", "search.rpc_tracker": rpc_tracker})
+    return out or None
+
+
 def _run(stages: list[str]) -> dict:
     return {s: run_stage(s) for s in stages}
 
 
 @flow(name="search", log_prints=True)
-def search_flow(profile: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
-    """MetaSchedule search over the catalog (catalog, search, codec report)."""
-    with params_for_run(profile, overrides):
+def search_flow(profile: str | None = None, overrides: dict[str, Any] | None = None,
+                rpc_tracker: str | None = None) -> dict:
+    """MetaSchedule search over the catalog (catalog, search, codec report); `rpc_tracker`
+    measures on the RPC servers registered with that tracker."""
+    with params_for_run(profile, with_cluster(overrides, rpc_tracker=rpc_tracker)):
         return _run(_stages("search"))
 
 
 @flow(name="data", log_prints=True)
-def data_flow(profile: str | None = None, overrides: dict[str, Any] | None = None) -> dict:
+def data_flow(profile: str | None = None, overrides: dict[str, Any] | None = None,
+              cluster: str | None = None) -> dict:
     """The pre-training corpus and training examples from the search records, validated with
-    Great Expectations."""
-    with params_for_run(profile, overrides):
+    Great Expectations; `cluster` runs the corpus shards on that Dask scheduler."""
+    with params_for_run(profile, with_cluster(overrides, cluster)):
         return _run(_stages("data"))
 
 
@@ -109,10 +125,11 @@ def evaluate_flow(profile: str | None = None, overrides: dict[str, Any] | None =
 
 @flow(name="little-dragon-pipeline", log_prints=True)
 def pipeline_flow(profile: str | None = None, overrides: dict[str, Any] | None = None,
-                  fail_on_gate: bool = False) -> dict:
-    """The whole pipeline: search -> data -> train -> evaluate-and-register."""
+                  fail_on_gate: bool = False, cluster: str | None = None, rpc_tracker: str | None = None) -> dict:
+    """The whole pipeline: search -> data -> train -> evaluate-and-register (`cluster`: a Dask
+    scheduler for the corpus shards; `rpc_tracker`: TVM's RPC tracker for search measurements)."""
     log = get_run_logger()
-    with params_for_run(profile, overrides) as applied:
+    with params_for_run(profile, with_cluster(overrides, cluster, rpc_tracker)) as applied:
         log.info("parameters: %s", applied)
         results = {}
         results.update(search_flow())

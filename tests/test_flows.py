@@ -113,3 +113,30 @@ def test_ui_run_button_runs_the_whole_pipeline(tmp_path):
     finally:
         local.stop(serve)
         local.stop(server)
+
+
+def test_flows_take_the_cluster_addresses_as_parameters(tmp_path, monkeypatch):
+    """A flow run's `cluster` / `rpc_tracker` become the params the corpus and search read."""
+    import inspect
+
+    from flows.pipeline import data_flow, pipeline_flow, search_flow, with_cluster
+    from pipeline.params import from_dict
+    from pipeline.stages.search import SearchParams
+
+    assert "cluster" in inspect.signature(data_flow.fn).parameters
+    assert "rpc_tracker" in inspect.signature(search_flow.fn).parameters
+    assert {"cluster", "rpc_tracker"} <= set(inspect.signature(pipeline_flow.fn).parameters)
+    out = with_cluster({"rl.steps": 2}, "tcp://10.0.0.5:8786", "10.0.0.6:9190")
+    assert out == {"rl.steps": 2, "corpus.cluster": "tcp://10.0.0.5:8786", "search.runner": "rpc",
+                   "search.rpc_tracker": "10.0.0.6:9190"}
+    assert with_cluster(None) is None
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())["search"]
+    p = from_dict(SearchParams, {**raw, "runner": "rpc", "rpc_tracker": "10.0.0.6:9190"})
+    assert p.runner == "rpc"
+    from flows.pipeline import apply_params
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.setenv("LITTLE_DRAGON_ROOT", str(tmp_path))
+    apply_params(None, out)                     # every profile has the keys the overrides set
+    written = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert written["corpus"]["cluster"] == "tcp://10.0.0.5:8786" and written["search"]["runner"] == "rpc"
