@@ -34,6 +34,12 @@ class Phases:
         """Search strategy, cost model, database and callbacks."""
         return max(0.0, self.seconds - self.build_s - self.run_wait_s)
 
+    def built(self, start: float, candidates: int) -> None:
+        """Account one builder call that began at `start` (perf_counter)."""
+        self.build_s += time.perf_counter() - start
+        self.rounds += 1
+        self.candidates += candidates
+
     def add(self, other: "Phases") -> None:
         for k in ("seconds", "build_s", "run_wait_s", "rounds", "candidates"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
@@ -87,9 +93,7 @@ class PoolBuilder(ms.builder.PyBuilder):
                     None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
             else:
                 results.append(ms.builder.BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(r.value)))
-        self.phases.build_s += time.perf_counter() - start
-        self.phases.rounds += 1
-        self.phases.candidates += len(build_inputs)
+        self.phases.built(start, len(build_inputs))
         return results
 
 
@@ -242,7 +246,5 @@ class _TimedLocalBuilder(ms.builder.PyBuilder):
     def build(self, build_inputs):
         start = time.perf_counter()
         out = self.inner.build(build_inputs)
-        self.phases.build_s += time.perf_counter() - start
-        self.phases.rounds += 1
-        self.phases.candidates += len(build_inputs)
+        self.phases.built(start, len(build_inputs))
         return out
