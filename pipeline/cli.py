@@ -127,18 +127,26 @@ def _target_arg(text: str):
     return text
 
 
+def _default_model(args, command: str) -> str | None:
+    from pathlib import Path
+
+    if args.model is not None:
+        return args.model
+    if not Path("models/champion").exists():
+        print(f"little-dragon {command}: no model: run `little-dragon pull` (fetches the champion to "
+              "models/champion) or pass --model DIR", file=sys.stderr)
+        return None
+    return "models/champion"
+
+
 def _optimize(args) -> int:
     from pathlib import Path
 
     from pipeline import models, optimize
 
-    model_dir = args.model
+    model_dir = _default_model(args, "optimize")
     if model_dir is None:
-        if not Path("models/champion").exists():
-            print("little-dragon optimize: no model: run `little-dragon pull` (fetches the champion to "
-                  "models/champion) or pass --model DIR", file=sys.stderr)
-            return 2
-        model_dir = "models/champion"
+        return 2
     try:
         r = optimize.optimize(args.kernel, _target_arg(args.target), args.attempts, model_dir, args.out,
                               timeout_s=args.timeout, free=args.free)
@@ -158,24 +166,9 @@ def _optimize(args) -> int:
     return 0
 
 
-def _default_model(args, command: str) -> str | None:
-    from pathlib import Path
-
-    if args.model is not None:
-        return args.model
-    if not Path("models/champion").exists():
-        print(f"little-dragon {command}: no model: run `little-dragon pull` (fetches the champion to "
-              "models/champion) or pass --model DIR", file=sys.stderr)
-        return None
-    return "models/champion"
-
-
 def _tune(args) -> int:
     from pipeline import models, optimize, tune
 
-    if args.trials < 1:
-        print(f"little-dragon tune: --trials must be >= 1, got {args.trials}", file=sys.stderr)
-        return 2
     model_dir = _default_model(args, "tune")
     if model_dir is None:
         return 2

@@ -113,7 +113,7 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
 
 
 POSTPROCESS_TIMEOUT_S = 120.0
-_GUARD: list = []     # this process's worker for the postprocessing check (started on first use)
+_GUARD: list = []     # this process's Checker, whose worker runs the postprocessing check
 
 
 def _decodes(mod_json: str, text: str, target_spec) -> bool:
@@ -128,20 +128,14 @@ def _decodes(mod_json: str, text: str, target_spec) -> bool:
 
 
 def guarded(fn, *args, timeout_s: float = POSTPROCESS_TIMEOUT_S):
-    """fn(*args) in a worker process with a timeout (TVM can hang or crash on a schedule);
-    None if it timed out, crashed or raised. The worker is replaced after a failure."""
-    from tvm.support.popen_pool import PopenWorker
-
-    from pipeline.tvm_env import worker_init
+    """fn(*args) in a worker process with a timeout (TVM can hang or crash on a schedule),
+    through the checker's worker call; None if it timed out, crashed or raised."""
+    from pipeline.verify import Checker, Outcome
 
     if not _GUARD:
-        _GUARD.append(PopenWorker(initializer=worker_init))
-    worker = _GUARD[0]
-    worker.send(fn, args, timeout=timeout_s)
-    try:
-        return worker.recv()
-    except Exception:   # noqa: BLE001 - TimeoutError, ChildProcessError, or what fn raised
-        return None
+        _GUARD.append(Checker(timeout_s=timeout_s))
+    out = _GUARD[0].call("postproc", fn, *args, timeout_s=timeout_s)
+    return None if isinstance(out, Outcome) else out
 
 
 def _postprocesses(mod, text: str, target) -> bool:

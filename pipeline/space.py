@@ -15,6 +15,12 @@ from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, ms, target_key, te, tv
 _CONTEXTS: dict[str, "ms.TuneContext"] = {}
 
 
+def variant(target: "tvm.target.Target") -> str | None:
+    """How the project's design space for `target` differs from MetaSchedule's default
+    (None: it does not). Anything made from the space (corpus shards) names it."""
+    return "no-tensor-core" if target.kind.name == "cuda" else None
+
+
 def generator(target: "tvm.target.Target"):
     """The design space every stage uses: MetaSchedule's post-order-apply with the target's
     default rules, except that CUDA leaves out the tensor-core rule. Why: on apache-tvm
@@ -24,7 +30,7 @@ def generator(target: "tvm.target.Target"):
     H200 search shard, 5 of 6 samples here; with fp16 accumulation they build, which the
     catalog's numerics rule out. Without the rule those kernels get CUDA-core sketches
     that build (reports/LOG.md, session 4)."""
-    if target.kind.name == "cuda":
+    if variant(target) == "no-tensor-core":
         return ms.space_generator.PostOrderApply(sch_rules="cuda", postprocs="cuda", mutator_probs="cuda")
     return "post-order-apply"
 

@@ -2,7 +2,7 @@
 evaluation's yardstick both call `tune`.
 
 What differs from `ms.tune.tune_tasks` with stock parts, and why (measured on the H200,
-reports/bench_search_h200.json):
+reports/bench_search_h200_before.json, ..._after.json):
 - `PoolBuilder` keeps its build worker processes across rounds. TVM's `LocalBuilder` starts
   a fresh pool of `max_workers` processes every round (its guard against a worker memory
   leak), and each new worker imports TVM and its tensor intrinsics before it builds anything.
@@ -15,7 +15,7 @@ reports/bench_search_h200.json):
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from pipeline.tvm_env import ms, tvm, worker_init
 
@@ -27,7 +27,6 @@ class Phases:
     run_wait_s: float = 0.0        # waiting for runner results
     rounds: int = 0                # builder calls
     candidates: int = 0            # candidates sent to the builder
-    extra: dict = field(default_factory=dict)
 
     @property
     def other_s(self) -> float:
@@ -45,10 +44,10 @@ class Phases:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def to_json(self) -> dict:
-        out = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "extra"}
+        out = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items()}
         out["other_s"] = round(self.other_s, 2)
         out["candidates_per_min"] = round(60 * self.candidates / self.seconds, 1) if self.seconds else None
-        return {**out, **self.extra}
+        return out
 
 
 @tvm.ir.utils.derived_object
@@ -176,7 +175,7 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
 
 def strategy(sp):
     """The search strategy the search params ask for (`first_round`)."""
-    if getattr(sp, "first_round", "evolutionary") == "replay":
+    if sp.first_round == "replay":
         return ReplayFirst(sp.population_size, sp.genetic_num_iters)
     return ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
                                                  genetic_num_iters=sp.genetic_num_iters)
@@ -187,7 +186,7 @@ def make_runner(sp):
     candidates are built here and measured by whatever RPC servers registered with the
     tracker at `sp.rpc_tracker` under `sp.rpc_key` (any number of GPU hosts)."""
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=sp.min_repeat_ms)
-    if getattr(sp, "runner", "local") == "rpc":
+    if sp.runner == "rpc":
         host, _, port = sp.rpc_tracker.rpartition(":")
         return ms.runner.RPCRunner(
             rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=sp.rpc_key,
@@ -214,7 +213,7 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
     if pool is not None:
         builder = pool
         builder.phases = phases
-    elif getattr(sp, "persistent_builder", True):
+    elif sp.persistent_builder:
         builder = PoolBuilder(sp.builder_workers, sp.build_timeout_s, phases)
     else:   # TVM's stock builder (a fresh pool every round), kept for the before/after benchmark
         builder = _TimedLocalBuilder(ms.builder.LocalBuilder(

@@ -178,31 +178,34 @@ class Checker:
             self._workers.append(worker)
         return worker
 
-    def _call(self, phase: str, fn, *args):
-        """fn(*args) in this thread's worker: its result, or the Outcome of a timeout or crash."""
+    def call(self, phase: str, fn, *args, timeout_s: float | None = None):
+        """fn(*args) in this thread's worker with a timeout (`timeout_s`, default the
+        checker's): its result, or the Outcome of a timeout, a crash or what fn raised, labelled
+        `phase`. The worker is replaced after a timeout or crash."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         worker = self._worker()
-        worker.send(fn, args, timeout=self.timeout_s)
+        worker.send(fn, args, timeout=timeout_s)
         try:
             return worker.recv()
         except TimeoutError:
-            return Outcome(phase, f"{phase} timeout after {self.timeout_s:.0f} s")
+            return Outcome(phase, f"{phase} timeout after {timeout_s:.0f} s")
         except ChildProcessError:
             return Outcome(phase, f"worker crashed during {phase}")
         except Exception as err:   # noqa: BLE001 - raised inside the worker: still this phase's outcome
             return Outcome(phase, f"{type(err).__name__}: {_short(err)}")
 
     def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool) -> Outcome:
-        built = self._call("build", _worker_build, mod_json, text, target_spec)
+        built = self.call("build", _worker_build, mod_json, text, target_spec)
         if isinstance(built, Outcome):
             return built
         if built is not None:
             return Outcome(**built)
         with self._device:         # runs and timings take turns; the wait is not timed
-            ran = self._call("run", _worker_run, seed, timed)
+            ran = self.call("run", _worker_run, seed, timed)
         return ran if isinstance(ran, Outcome) else Outcome(**ran)
 
     def _compile_one(self, mod_json: str, text: str, target_spec) -> Outcome:
-        out = self._call("build", _worker_compile, mod_json, text, target_spec)
+        out = self.call("build", _worker_compile, mod_json, text, target_spec)
         return out if isinstance(out, Outcome) else Outcome(**out)
 
     def compile_many(self, mod, texts: list[str], target_spec) -> list[Outcome]:

@@ -42,7 +42,7 @@ def test_parallel_shards_both_targets_exclusions_and_resume(tmp_path):
     cuda = _rows(params, "nvidia/nvidia-h100")
     assert len({r["workload"] for r in llvm}) >= 6 and cuda
     assert len({(r["workload"], r["text"]) for r in llvm}) == len(llvm)          # deduplicated
-    excluded = corpus.excluded_hashes(str(params))
+    excluded = corpus.excluded_hashes()
     assert set(held_out_hashes()) <= excluded
     target = make_target({"kind": "llvm", "num-cores": 2})
     for r in llvm:
@@ -96,12 +96,12 @@ def test_the_plan_does_not_move_when_the_search_changes(tmp_path):
     (which once shifted every shard boundary) names the same shard files."""
     params = _params(tmp_path, workloads=8, shard_size=3)
     before = [path for *_, path in corpus.plan(corpus.P.load("corpus", corpus.CorpusParams, params),
-                                               corpus.excluded_hashes(str(params)))]
+                                               corpus.excluded_hashes())]
     raw = yaml.safe_load(params.read_text())
     raw["search"]["num_workloads"] = 64
     params.write_text(yaml.safe_dump(raw))
     after = [path for *_, path in corpus.plan(corpus.P.load("corpus", corpus.CorpusParams, params),
-                                              corpus.excluded_hashes(str(params)))]
+                                              corpus.excluded_hashes())]
     assert before == after
 
 
@@ -111,7 +111,7 @@ def test_a_worker_lost_mid_run_loses_nothing_and_counts_nothing_twice(tmp_path):
     shard is there, every workload counted once, no script twice."""
     params = _params(tmp_path, workloads=12, shard_size=2)
     p = corpus.P.load("corpus", corpus.CorpusParams, params)
-    shards = corpus.plan(p, corpus.excluded_hashes(str(params)))
+    shards = corpus.plan(p, corpus.excluded_hashes())
     killed = []
 
     def kill_one(client):

@@ -34,11 +34,11 @@ def test_a_timeout_or_crash_is_labelled_with_its_phase():
 
     checker = Checker(timeout_s=1)
     try:
-        slow = checker._call("build", time.sleep, 5)
+        slow = checker.call("build", time.sleep, 5)
         assert slow.stage == "build" and "build timeout" in slow.error
-        crash = checker._call("run", os._exit, 3)
+        crash = checker.call("run", os._exit, 3)
         assert crash.stage == "run" and "crashed during run" in crash.error
-        assert checker._call("run", max, 1, 2) == 2      # the worker was replaced and works
+        assert checker.call("run", max, 1, 2) == 2      # the worker was replaced and works
     finally:
         checker.close()
 

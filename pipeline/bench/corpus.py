@@ -17,7 +17,7 @@ import tempfile
 def run(workers: list[int], workloads: int, cuda_workloads: int, samples: int) -> dict:
     from pipeline.stages.corpus import CorpusParams, excluded_hashes, generate
 
-    exclude = excluded_hashes("params.yaml")
+    exclude = excluded_hashes()
     out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "runs": []}
     for target, n in (({"kind": "llvm", "num-cores": 2}, workloads), ("nvidia/nvidia-h100", cuda_workloads)):
         if not n:

@@ -59,12 +59,19 @@ def target_dir_name(target_spec) -> str:
 
 
 def shard_path(out_dir: Path, target_spec, k: int, specs: list[dict], samples: int, seed: int) -> Path:
-    """A shard's file name carries a digest of what it holds (workloads, samples, seed), so a
-    file made under other parameters is never taken for it."""
+    """A shard's file name carries a digest of what it holds (workloads, samples, seed, and
+    the design space where it is not MetaSchedule's default), so a file made under other
+    parameters or another space is never taken for it."""
     import hashlib
 
-    key = json.dumps([[s["id"] for s in specs], samples, seed, json.dumps(target_spec, sort_keys=True)])
-    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+    from pipeline.space import variant
+    from pipeline.tvm_env import make_target
+
+    parts = [[s["id"] for s in specs], samples, seed, json.dumps(target_spec, sort_keys=True)]
+    space = variant(make_target(target_spec))
+    if space:
+        parts.append(space)
+    digest = hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:10]
     return Path(out_dir) / target_dir_name(target_spec) / f"shard-{k:05d}-{digest}.jsonl.xz"
 
 
@@ -176,7 +183,7 @@ def planned(params_path: str, target_spec) -> list[Path]:
     """The existing shards the corpus params plan for `target_spec` (what `data` reads)."""
     p = P.load("corpus", CorpusParams, params_path)
     key = json.dumps(target_spec, sort_keys=True)
-    return [path for e, _, _, path in plan(p, excluded_hashes(params_path))
+    return [path for e, _, _, path in plan(p, excluded_hashes())
             if json.dumps(e["target"], sort_keys=True) == key and path.exists()]
 
 
@@ -195,7 +202,7 @@ def summarize(shards: list) -> dict:
     return {k: {**v, "workloads": len(v["workloads"])} for k, v in per_target.items()}
 
 
-def excluded_hashes(params_path: str) -> set[str]:
+def excluded_hashes() -> set[str]:
     """The held-out workloads (TVM's te_workload suite and every evaluation kernel), by
     structural hash. The plan depends on nothing else, so changing the search stage never
     moves shard boundaries (it did when the search's workloads were left out here: raising
@@ -211,7 +218,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, workers: int |
     p = P.load("corpus", CorpusParams, params_path)
     if workers is not None:
         p.workers = workers
-    shards = plan(p, excluded_hashes(params_path))
+    shards = plan(p, excluded_hashes())
     run = generate(p, set(), progress, shards, cluster=cluster or p.cluster)
     report = {**run, "targets": summarize(shards)}
     files.write_json(p.report, report)

@@ -307,13 +307,13 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     return phases
 
 
-def _run_part(p: SearchParams, k: int, n: int, device: int, progress: bool, deadline: float | None) -> None:
+def _run_part(p: SearchParams, plan, k: int, n: int, device: int, progress: bool, deadline: float | None) -> None:
     """One of n processes, each measuring on its own GPU (set before CUDA starts in this
-    process and the runner's workers) and building with its share of the workers."""
+    process and the runner's workers) and building with its share of the workers; `plan`
+    is this part's slice of the parent's plan."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     p = dataclasses.replace(p, builder_workers=max(1, p.builder_workers // n))
-    plan = _plan(p, select_workloads(p))[k::n]
     phases = _run_shards(p, plan, progress, part=f" gpu{device}", position=k, deadline=deadline)
     files.write_json(Path(p.work_dir) / f".part-{k}.json", phases.to_json())
 
@@ -331,7 +331,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     start = time.perf_counter()
     deadline = time.time() + stop_after if stop_after else None
     if len(p.devices) > 1:
-        parts = _run_parts(p, progress, deadline)
+        parts = _run_parts(p, plan, progress, deadline)
     else:
         if p.devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(p.devices[0])
@@ -362,12 +362,13 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     return summary
 
 
-def _run_parts(p: SearchParams, progress: bool, deadline: float | None) -> list[dict]:
+def _run_parts(p: SearchParams, plan, progress: bool, deadline: float | None) -> list[dict]:
     """One process per GPU over alternate shards; a part that dies loses only its shard in
     flight (the databases are resumable), and the stage reports it after the others finish."""
     ctx = multiprocessing.get_context("spawn")
     n = len(p.devices)
-    procs = [ctx.Process(target=_run_part, args=(p, k, n, d, progress, deadline)) for k, d in enumerate(p.devices)]
+    procs = [ctx.Process(target=_run_part, args=(p, plan[k::n], k, n, d, progress, deadline))
+             for k, d in enumerate(p.devices)]
     for proc in procs:
         proc.start()
     for proc in procs:
