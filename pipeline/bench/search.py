@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
-import subprocess
 import tempfile
 
 import yaml
@@ -25,17 +23,11 @@ VARIANTS = {"stock": {"persistent_builder": False}, "persistent": {"persistent_b
 
 
 def machine() -> dict:
-    out = {"cpus_usable": len(os.sched_getaffinity(0)), "cpus": os.cpu_count(), "platform": platform.platform()}
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
-        out["gpus"] = smi
-    except (OSError, subprocess.TimeoutExpired):
-        out["gpus"] = []
-    import tvm
+    """The search archive's machine record (GPUs, driver, nvcc, versions) plus the cores this
+    process may use (a `taskset` narrows them to one H200's share)."""
+    from pipeline.archive import machine as archive_machine
 
-    out["tvm"] = tvm.__version__
-    return out
+    return {**archive_machine(), "cpus_usable": len(os.sched_getaffinity(0))}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
