@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored: it is neither" || true
-	$(PY) -c "import tvm, torch, trl, peft, prefect, mlflow, great_expectations, dvc" 
+	$(PY) -c "import tvm, torch, trl, peft, prefect, mlflow, great_expectations, dvc, distributed, tornado"
 	touch $(STAMP)
 
 repro: setup
