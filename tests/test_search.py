@@ -162,6 +162,37 @@ def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path):
     parts = summary["this_run"]["parts"]
     assert [x["device"] for x in parts] == [0, 1] and all(x["candidates"] == 4 for x in parts)
     assert {e["part"] for e in files.read_jsonl(tmp_path / "search" / "throughput.jsonl")} == {"gpu0", "gpu1"}
+    assert all(x["cpus"] >= 1 for x in parts)
+
+
+def test_a_workload_whose_search_ends_short_is_not_retried(tmp_path, monkeypatch):
+    """MetaSchedule ends a task when it cannot sample new candidates (seen on the H200: 'Cannot
+    sample enough initial population'); such a workload is listed with its count and a resume
+    does not spend a round on it again."""
+    from pipeline.stages import search
+
+    p = _params(tmp_path)
+    real, calls = search._tune_shard, []
+
+    def gives_up_early(p_, target, shard_dir, pending, bar, pool=None):
+        calls.append(len(pending))
+        return real(p_, target, shard_dir, [(s, h, 2) for s, h, _ in pending], bar, pool)
+
+    monkeypatch.setattr(search, "_tune_shard", gives_up_early)
+    first = run_search(p, progress=False)
+    assert calls == [1] and 2 <= first["trials"] < 4
+    assert list(first["exhausted_workloads"].values()) == [first["trials"]]
+    again = run_search(p, progress=False)
+    assert calls == [1] and again["this_run"]["measured"] == 0 and again["this_run"]["remaining_trials"] == 0
+
+
+def test_each_gpu_process_gets_its_own_share_of_the_cores():
+    from pipeline.stages.search import part_cpus
+
+    cpus = list(range(32))
+    shares = [part_cpus(cpus, k, 2) for k in range(2)]
+    assert shares == [list(range(16)), list(range(16, 32))]
+    assert part_cpus([0, 1, 2], 2, 3) == [2] and part_cpus([5], 1, 2) == [5]  # never empty
 
 
 def test_a_fresh_clone_resumes_from_the_archived_databases(tmp_path):

@@ -7,14 +7,15 @@ Writes `data/search/shard-NNNN/` (one MetaSchedule JSONDatabase per shard of wor
 `workloads.json`, `baselines.json` and `errors.jsonl`), `data/search/throughput.jsonl` (per
 shard tuned: candidates, seconds and where they went) and `reports/search.json` (with this
 run's candidates per minute). With `devices: [0, 1]` one process per GPU measures alternate
-shards at once.
+shards at once, each on its own share of the cores.
 
 Resumable: a workload whose database already holds its trial budget is skipped, and
 JSONDatabase appends each measured candidate as it comes, so an interrupted run loses at
 most the candidates in flight. A candidate that fails to build or run is data: MetaSchedule
 stores it with run_secs 1e10 and its error message goes to `errors.jsonl`. So does an
 exception of TVM's task scheduler: the shard's other workloads are tuned one at a time and
-a workload that fails alone is listed in `failed.json` and not retried.
+a workload that fails alone is listed in `failed.json` and not retried; one whose search
+ends short of its budget (the design space gives nothing new) goes to `exhausted.json`.
 """
 
 from __future__ import annotations
@@ -184,13 +185,29 @@ def _failed(shard_dir: Path) -> dict[str, str]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _exhausted(shard_dir: Path) -> dict[str, int]:
+    path = shard_dir / "exhausted.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def _pending(p: SearchParams, shard_dir: Path, shard: list[Spec], entries: list[dict]):
     """(spec, hash, trials still to measure) of the shard's workloads; a workload whose tuning
-    raised inside TVM is not retried (it is in failed.json, with its error)."""
-    counts, failed = record_counts(shard_dir), _failed(shard_dir)
+    raised inside TVM is not retried (it is in failed.json, with its error), nor one whose
+    search ended short of its budget (exhausted.json: the strategy found no new candidate)."""
+    counts, skip = record_counts(shard_dir), {**_failed(shard_dir), **_exhausted(shard_dir)}
     return [(s, e["hash"], p.trials_per_workload - counts.get(e["hash"], 0))
             for s, e in zip(shard, entries)
-            if counts.get(e["hash"], 0) < p.trials_per_workload and e["hash"] not in failed]
+            if counts.get(e["hash"], 0) < p.trials_per_workload and e["hash"] not in skip]
+
+
+def _mark_exhausted(p: SearchParams, shard_dir: Path, tuned: list[tuple[Spec, str, int]]) -> None:
+    """After a tuning run that ended normally, a workload still short of its budget is one
+    whose design space MetaSchedule could not sample any further ("Cannot sample enough
+    initial population"); retrying it would cost a round on every resume and measure nothing."""
+    counts = record_counts(shard_dir)
+    short = {h: counts.get(h, 0) for _, h, _ in tuned if counts.get(h, 0) < p.trials_per_workload}
+    if short:
+        files.write_json(shard_dir / "exhausted.json", {**_exhausted(shard_dir), **short})
 
 
 def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
@@ -205,12 +222,14 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
         return phases
     try:
         phases.add(_tune_shard(p, target, shard_dir, pending, bar, pool))
+        _mark_exhausted(p, shard_dir, pending)
         return phases
     except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
         _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in pending], err)
     for one in _pending(p, shard_dir, shard, entries):
         try:
             phases.add(_tune_shard(p, target, shard_dir, [one], bar, pool))
+            _mark_exhausted(p, shard_dir, [one])
         except Exception as err:   # noqa: BLE001
             _log_scheduler_error(shard_dir, [one[0].id], err)
             failed = _failed(shard_dir)
@@ -312,10 +331,19 @@ def _run_part(p: SearchParams, plan, k: int, n: int, device: int, progress: bool
     process and the runner's workers) and building with its share of the workers; `plan`
     is this part's slice of the parent's plan."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
+    cpus = part_cpus(sorted(os.sched_getaffinity(0)), k, n)
+    os.sched_setaffinity(0, cpus)  # inherited by the build workers: one GPU, its share of cores
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     p = dataclasses.replace(p, builder_workers=max(1, p.builder_workers // n))
     phases = _run_shards(p, plan, progress, part=f" gpu{device}", position=k, deadline=deadline)
-    files.write_json(Path(p.work_dir) / f".part-{k}.json", phases.to_json())
+    files.write_json(Path(p.work_dir) / f".part-{k}.json", {**phases.to_json(), "cpus": len(cpus)})
+
+
+def part_cpus(cpus: list[int], k: int, n: int) -> list[int]:
+    """Part k of n gets its own contiguous share of the usable cores (at least one), so a
+    part's candidates per minute is what one GPU with that many cores does alone."""
+    lo, hi = k * len(cpus) // n, (k + 1) * len(cpus) // n
+    return cpus[lo:hi] or [cpus[k % len(cpus)]]
 
 
 def run_search(p: SearchParams, progress: bool = True, stop_after: float | None = None) -> dict:
@@ -347,6 +375,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
         "trials": sum(r["trials"] for r in rows),
         "failed_trials": sum(r["failed"] for r in rows),
         "failed_workloads": {k: v for d, _, _ in plan for k, v in _failed(d).items()},
+        "exhausted_workloads": {k: v for d, _, _ in plan for k, v in _exhausted(d).items()},
         "speedup_geomean_vs_baseline": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
         "this_run": {"measured": measured, "seconds": round(seconds, 1),
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
