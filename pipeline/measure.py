@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline import distributed
 from pipeline.tvm_env import TVM_ERRORS, tvm
 
 # TVM's validator uses allclose(rtol=1e-3, atol=2e-3) for fp32 (ANCHORS.md). fp16 outputs
@@ -32,7 +33,7 @@ def is_gpu(target: "tvm.target.Target") -> bool:
 
 
 def device_for(target: "tvm.target.Target"):
-    return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+    return tvm.cuda(distributed.local_device()) if target.kind.name == "cuda" else tvm.cpu(0)
 
 
 def device_available(target: "tvm.target.Target") -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+import zlib
 from dataclasses import dataclass, field
 
 from pipeline import params as P
@@ -157,7 +158,7 @@ class ShapedReward:
             scored = self.scores(prompts, completions, workload, complete)
             self.step += 1
             for s, w, p in zip(scored, workload, prompts):
-                self.log.append({"step": self.step, "workload": w, "prompt": hash(str(p)) & 0xFFFFFFFF, "task": "refinement" if is_refinement(str(p))
+                self.log.append({"step": self.step, "workload": w, "prompt": zlib.crc32(str(p).encode()), "task": "refinement" if is_refinement(str(p))
                                  else "construction", "stage": s.stage, "correctness": s.correctness,
                                  "speed": s.speed, "speedup_vs_baseline": s.speedup_vs_baseline,
                                  "speedup_vs_source": s.speedup_vs_source})

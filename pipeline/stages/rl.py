@@ -6,6 +6,10 @@ Starts from `models/sft/`, samples groups of scripts for training prompts (const
 refinement), scores each by building, running, checking and timing it (pipeline.reward), and
 updates the policy with GRPO. Writes `models/rl/`, `reports/rl.json` (reward per step, each
 component, failure stages), `reports/rl_reward.png`; logs to MLflow.
+
+Under `accelerate launch` (configs/accelerate/) each process writes and measures its share of
+a step's groups (its own GPU for the reward's kernels); the main process gathers the reward
+log, saves and logs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import files, params as P, records, tracking
+from pipeline import distributed, files, params as P, records, tracking
 from pipeline.reward import Measurer, RewardParams, ShapedReward
 
 
@@ -185,7 +189,8 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     reward = ShapedReward(Measurer(specs, target_spec, rp.timeout_s, rp.workers), rp)
     args = GRPOConfig(
         output_dir=str(Path(p.output_dir).parent / ".rl-work"), max_steps=p.steps,
-        per_device_train_batch_size=p.prompts_per_step * p.num_generations, num_generations=p.num_generations,
+        per_device_train_batch_size=distributed.per_device_batch(p.prompts_per_step * p.num_generations),
+        num_generations=p.num_generations,
         learning_rate=p.learning_rate, beta=p.beta, temperature=p.temperature, top_p=p.top_p,
         max_completion_length=p.max_completion_length, logging_steps=1, save_strategy="no", report_to="none",
         seed=p.seed, bf16=p.bf16, gradient_checkpointing=p.gradient_checkpointing,
@@ -200,7 +205,8 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
                           train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout)
     trainer.train()
-    return trainer.model, tokenizer, reward, trainer.state.log_history
+    model = distributed.unsharded(trainer, str(Path(args.output_dir) / "final"))
+    return model, tokenizer, reward, trainer.state.log_history
 
 
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
@@ -214,10 +220,14 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     start = time.perf_counter()
     model, tokenizer, reward, history = train(p, prompts, specs, raw["search"]["target"], progress)
     seconds = time.perf_counter() - start
+    log = distributed.gather(reward.log)                  # every process's rollouts, all ranks take part
+    checked = sum(distributed.gather([reward.measurer.builds]))
+    if not distributed.is_main():
+        return {}
     out = files.save_model_dir(model, tokenizer, p.output_dir)   # a fresh folder, swapped in
-    summary = summarize(reward.log, history)
+    summary = summarize(log, history)
     report = {"start_model": p.model_dir, "train_seconds": round(seconds, 1), "steps": p.steps,
-              "prompts": len(prompts), "checked_scripts": reward.measurer.builds,
+              "prompts": len(prompts), "checked_scripts": checked, "processes": distributed.world_size(),
               "cache_entries": len(reward.measurer.cache), "reward_params": asdict(reward.rp),
               **summary}
     files.write_json(p.report, report)
@@ -229,7 +239,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
                if report[k] is not None}
     report["mlflow_run_id"] = tracking.log_run("rl", asdict(p), metrics, curve, [p.report, plot])
     files.write_json(p.report, report)
-    print(f"rl: {p.steps} GRPO steps in {seconds:.0f} s, {reward.measurer.builds} scripts checked; mean reward "
+    print(f"rl: {p.steps} GRPO steps in {seconds:.0f} s, {checked} scripts checked; mean reward "
           f"{summary['reward_first_half']:.3f} (first half) -> {summary['reward_second_half']:.3f} (second half); "
           f"stages {summary['stages']} -> {out}, {p.report}")
     return report

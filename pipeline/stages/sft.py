@@ -8,6 +8,11 @@ then SFT on construction + refinement examples with the loss on the completion o
 With `sft.base_model` set to a local directory of a pretrained causal LM (up to 8B), the
 base's tokenizer is used and training is LoRA (bf16, gradient checkpointing). No network.
 
+Data parallel on several devices with the same params (`batch_size` is the global batch):
+    accelerate launch --config_file configs/accelerate/ddp.yaml -m pipeline.cli sft
+and for the 8B LoRA case, sharded (FSDP): `configs/accelerate/fsdp-lora.yaml`. The main
+process alone saves, evaluates and logs.
+
 Writes `models/sft/` (model + tokenizer, `from_pretrained`-loadable), `reports/sft.json`,
 `reports/sft_loss.png`; logs parameters and metrics to MLflow.
 """
@@ -19,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import files, params as P, records, tracking
+from pipeline import distributed, files, params as P, records, tracking
 
 SCRATCH_NOTE = "from scratch"
 
@@ -104,7 +109,7 @@ def _trainer_args(p: SFTParams, out: str, steps: int, **over):
     from trl import SFTConfig
 
     return SFTConfig(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=p.batch_size,
+        output_dir=out, max_steps=steps, per_device_train_batch_size=distributed.per_device_batch(p.batch_size),
         learning_rate=p.learning_rate if not p.base_model else 2e-4, lr_scheduler_type="cosine",
         warmup_steps=min(20, steps // 10), logging_steps=max(1, steps // 50), save_strategy="no",
         report_to="none", max_length=p.max_length, seed=p.seed, bf16=p.bf16,
@@ -134,7 +139,7 @@ def train(p: SFTParams, train_rows: list[dict], corpus: list[dict], progress: bo
         train_dataset=data, processing_class=tokenizer, peft_config=lora_config(p) if p.base_model else None)
     trainer.train()
     history += [("sft", h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
-    return trainer.model, tokenizer, history
+    return distributed.unsharded(trainer, str(Path(work) / "final")), tokenizer, history
 
 
 def eval_prompts(rows: list[dict], n: int, seed: int) -> dict[str, list[dict]]:
@@ -218,12 +223,15 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     start = time.perf_counter()
     model, tokenizer, history = train(p, train_rows, corpus, progress)
     train_s = time.perf_counter() - start
+    if not distributed.is_main():
+        return {}
     out = files.save_model_dir(model, tokenizer, p.output_dir)   # a fresh folder, swapped in
     specs = records.workload_entries(raw["data"]["search_dir"])
     evaluation = per_attempt_correctness(model, tokenizer, val_rows, specs, raw["search"]["target"], p, progress)
     n_params = sum(t.numel() for t in model.parameters())
     report = {"model": p.base_model or SCRATCH_NOTE, "parameters": n_params, "train_seconds": round(train_s, 1),
               "train_examples": len(train_rows), "corpus_scripts": len(corpus),
+              "processes": distributed.world_size(),
               "final_loss": history[-1][2] if history else None, "validation": evaluation,
               "history": [list(h) for h in history]}
     files.write_json(p.report, report)
