@@ -11,6 +11,7 @@
     little-dragon pull [--dest DIR]      fetch models:/little-dragon@champion
     little-dragon optimize KERNEL        write, verify and time K scripts for your kernel; print the best
     little-dragon tune KERNEL            model-guided tuning into a MetaSchedule database (N candidates)
+    little-dragon tune-model NETWORK.py  the same for every task of a Relax network, then end to end
     little-dragon codec-report           compactness of the script language
 
 Each stage reads its section of params.yaml (`--params` to use another file); DVC stages
@@ -182,6 +183,22 @@ def _tune(args) -> int:
     return 0 if r.best_latency_s else 1
 
 
+def _tune_model(args) -> int:
+    from pipeline import models, optimize, tune_model
+
+    model_dir = _default_model(args, "tune-model")
+    if model_dir is None:
+        return 2
+    try:
+        r = tune_model.tune_model(args.network, _target_arg(args.target), args.trials_per_task, model_dir,
+                                  args.work_dir, batch=args.batch, timeout_s=args.timeout, progress=not args.quiet)
+    except (optimize.KernelError, models.ModelError) as err:
+        print(f"little-dragon tune-model: {err}", file=sys.stderr)
+        return 2
+    print(tune_model.main_summary(r, args.work_dir))
+    return 0 if r["matches_untuned"] else 1
+
+
 def _bench_records(args) -> int:
     from pipeline.bench import records as bench_records
 
@@ -255,6 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per phase of each check")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_tune)
+
+    p = sub.add_parser("tune-model", help="model-guided tuning of a Relax network: every task, then the network end to end")
+    p.add_argument("network", help="a Python file that builds a Relax IRModule (relax.frontend.nn, the PyTorch exporter)")
+    p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
+    p.add_argument("--trials-per-task", type=int, default=16, help="distinct candidates to measure per task (N)")
+    p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round")
+    p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
+    p.add_argument("--work-dir", default="tuned-model", help="one MetaSchedule database per task + result.json (resumable)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per phase of each check")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_tune_model)
 
     p = sub.add_parser("bench-records", help="benchmark: memory of building examples from 1M records")
     p.add_argument("--records", type=int, default=1_000_000)

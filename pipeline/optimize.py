@@ -40,6 +40,12 @@ def load_kernel(path: str | Path, timeout_s: float = 60.0):
     """An IRModule with one PrimFunc `main`, or KernelError. The file is code (a Python file
     runs; TVMScript evaluates expressions): it is loaded in a worker process with a timeout,
     so a kernel file that hangs or crashes costs that worker, not this process."""
+    return load_in_worker(_load_kernel_json, path, timeout_s)
+
+
+def load_in_worker(loader, path: str | Path, timeout_s: float):
+    """`loader(path)` -> (ok, IRModule as JSON or the error) run in a fresh worker process
+    with a timeout; the IRModule, or KernelError (one line)."""
     import concurrent.futures
     import multiprocessing
 
@@ -47,7 +53,7 @@ def load_kernel(path: str | Path, timeout_s: float = 60.0):
 
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        future = pool.submit(_load_kernel_json, str(path))
+        future = pool.submit(loader, str(path))
         try:
             ok, payload = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:

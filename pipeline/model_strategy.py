@@ -1,0 +1,99 @@
+"""The model inside MetaSchedule: a search strategy whose first batch of each task the model
+writes, after which MetaSchedule's evolutionary search goes on as usual (seeded by the
+database, which now holds the model's measured candidates, and a cost model trained on them).
+
+Existing MetaSchedule code gets it with one argument:
+
+    from pipeline.model_strategy import ModelFirst
+    ms.tune_tir(mod, target, work_dir, max_trials_global=64, strategy=ModelFirst("models/champion"))
+    ms.relax_integration.tune_relax(mod, params, target, work_dir, 256, strategy=ModelFirst(...))
+
+The model writes with guided decoding (every script inside the task's design space, so it
+decodes, applies and is postprocessed); a script TVM still refuses is dropped, never sent to
+the builder. If the model writes nothing usable for a task, its first batch comes from the
+evolutionary search.
+"""
+
+from __future__ import annotations
+
+from pipeline.tvm_env import ms, tvm
+
+
+@tvm.ir.utils.derived_object
+class ModelFirst(ms.search_strategy.PySearchStrategy):
+    def __init__(self, model, batch: int = 16, population_size: int = 512, genetic_num_iters: int = 4,
+                 seed: int = 0, proposed: list | None = None) -> None:
+        """`model`: a model folder, or a (model, tokenizer) pair already loaded (shared by
+        every task's copy of the strategy, as is `proposed`: the scripts the model wrote that
+        went to measurement, in order)."""
+        super().__init__()
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            from pipeline import models
+
+            model = models.load(model)
+        self.model, self.batch, self.seed = model, batch, seed
+        self.population_size, self.genetic_num_iters = population_size, genetic_num_iters
+        self.evolve = ms.search_strategy.EvolutionarySearch(population_size=population_size,
+                                                            genetic_num_iters=genetic_num_iters)
+        self.context = None
+        self.first = True
+        self.proposed: list[str] = proposed if proposed is not None else []
+        self._seen: set[str] = set()
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.context = context
+        self.evolve._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.first, self.limit = True, min(max_trials, num_trials_per_iter, self.batch)
+        self.evolve.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.evolve.post_tuning()
+
+    def generate_measure_candidates(self):
+        if self.first:
+            candidates = self._from_model()
+            if candidates:
+                return candidates
+            self.first = False
+        return self.evolve.generate_measure_candidates()
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        if self.first:
+            self.first = False
+            return
+        self.evolve.notify_runner_results(measure_candidates, results)
+
+    def clone(self):
+        return ModelFirst(self.model, self.batch, self.population_size, self.genetic_num_iters, self.seed,
+                          self.proposed)
+
+    def _from_model(self) -> list:
+        from pipeline import codec
+        from pipeline.describe import DescribeError, describe
+        from pipeline.generate import GenerationParams, generate
+        from pipeline.prompts import construction_prompt
+        from pipeline.tvm_env import TVM_ERRORS, Schedule
+
+        mod, target = self.context.mod, self.context.target
+        try:
+            prompt = construction_prompt(describe(mod), target.kind.name)
+        except DescribeError:
+            return []
+        model, tok = self.model
+        written = generate(model, tok, [prompt], GenerationParams(attempts=self.limit, guided=True),
+                           seed=self.seed, kernels=[(mod, target)])
+        out = []
+        for script, done in zip(written.scripts[0], written.complete[0]):
+            if not (script and done) or script in self._seen:
+                continue
+            try:
+                sch = Schedule(mod, debug_mask=0)
+                codec.decode(mod, script, target).apply_to_schedule(sch, remove_postproc=False)
+            except (codec.DecodeError, *TVM_ERRORS):
+                continue
+            self._seen.add(script)
+            self.proposed.append(script)
+            out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+        return out

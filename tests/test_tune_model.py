@@ -1,0 +1,77 @@
+"""`little-dragon tune-model`: every task of a Relax network tuned by the model into
+MetaSchedule databases, the network compiled with them, checked and timed end to end."""
+
+import json
+
+import pytest
+
+from helpers import tiny_model
+from pipeline.cli import main
+
+NETWORK = """
+from tvm.relax.frontend import nn
+
+
+class GatedMLP(nn.Module):
+    def __init__(self):
+        self.gate = nn.Linear(64, 64, bias=False)
+        self.up = nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        return nn.op.silu(self.gate(x)) * self.up(x)
+
+
+mod, _ = GatedMLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor((16, 64), "float32")}})
+"""
+
+
+def test_tune_model_tunes_every_task_and_the_network_end_to_end(tmp_path, capsys, cpu_target):
+    from pipeline import tune_model as tm
+    from pipeline.tvm_env import ms
+
+    tiny_model(tmp_path / "model", cpu_target, steps=60)
+    net = tmp_path / "net.py"
+    net.write_text(NETWORK)
+    work = tmp_path / "tuned"
+    args = ["tune-model", str(net), "--model", str(tmp_path / "model"), "--trials-per-task", "3", "--batch", "4",
+            "--work-dir", str(work), "--quiet"]
+    assert main(args) == 0
+    result = json.loads((work / "result.json").read_text())
+    tasks = tm.extract_tasks(tm.load_network(net), cpu_target)
+    assert len(result["tasks"]) == len(tasks) >= 2
+    assert result["matches_untuned"] is True and result["tuned_latency_s"] > 0 and result["untuned_latency_s"] > 0
+    # each task's database is MetaSchedule's: TVM reads it and finds the task's best schedule
+    for task in tasks:
+        folders = list((work / "tasks").glob(f"*-{task.task_name}"))
+        assert len(folders) == 1
+        db = ms.database.JSONDatabase(work_dir=str(folders[0]))
+        assert db.get_all_tuning_records() and db.query_schedule(task.dispatched[0], cpu_target, "main") is not None
+    measured = result["measured"]
+    assert 0 < measured <= 3 * len(tasks)
+    # resume: nothing measured twice
+    assert main(args) == 0
+    assert json.loads((work / "result.json").read_text())["measured"] == measured
+    assert "outputs match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text,extra,message", [
+    ("x = 1\n", [], "defines no Relax IRModule"),
+    ("raise SystemError('boom')\n", [], "running it raised"),
+    (NETWORK, ["--trials-per-task", "0"], "--trials-per-task must be >= 1"),
+    (NETWORK, ["--target", "no-such-target"], "no-such-target"),
+])
+def test_tune_model_rejects_bad_input_with_one_line(tmp_path, capsys, text, extra, message):
+    net = tmp_path / "net.py"
+    net.write_text(text)
+    (tmp_path / "m").mkdir()
+    assert main(["tune-model", str(net), "--model", str(tmp_path / "m"), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_tune_model_rejects_a_file_that_is_not_python(tmp_path, capsys):
+    net = tmp_path / "net.txt"
+    net.write_text("hello")
+    (tmp_path / "m").mkdir()
+    assert main(["tune-model", str(net), "--model", str(tmp_path / "m")]) == 2
+    assert "not a Python file" in capsys.readouterr().err
