@@ -72,11 +72,11 @@ def params_for_run(profile: str | None, overrides: dict[str, Any] | None):
 def with_cluster(overrides: dict[str, Any] | None, cluster: str | None = None,
                  rpc_tracker: str | None = None) -> dict[str, Any] | None:
     """The flows' cluster parameters as params overrides: `cluster` (a Dask scheduler
-    address) for the corpus stage's shards, `rpc_tracker` (host:port of TVM's RPC tracker)
-    for the search stage's measurements."""
+    address) for the corpus and search stages' shards, `rpc_tracker` (host:port of TVM's RPC
+    tracker) for the search stage's measurements."""
     out = dict(overrides or {})
     if cluster:
-        out["corpus.cluster"] = cluster
+        out.update({"corpus.cluster": cluster, "search.cluster": cluster})
     if rpc_tracker:
         out.update({"search.runner": "rpc", "search.rpc_tracker": rpc_tracker})
     return out or None
@@ -88,10 +88,11 @@ def _run(stages: list[str]) -> dict:
 
 @flow(name="search", log_prints=True)
 def search_flow(profile: str | None = None, overrides: dict[str, Any] | None = None,
-                rpc_tracker: str | None = None) -> dict:
-    """MetaSchedule search over the catalog (catalog, search, codec report); `rpc_tracker`
-    measures on the RPC servers registered with that tracker."""
-    with params_for_run(profile, with_cluster(overrides, rpc_tracker=rpc_tracker)):
+                cluster: str | None = None, rpc_tracker: str | None = None) -> dict:
+    """MetaSchedule search over the catalog (catalog, search, codec report); `cluster`: the
+    Dask scheduler whose workers tune the shards; `rpc_tracker` measures on the RPC servers
+    registered with that tracker."""
+    with params_for_run(profile, with_cluster(overrides, cluster, rpc_tracker)):
         return _run(_stages("search"))
 
 

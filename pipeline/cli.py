@@ -44,7 +44,7 @@ def _positive_seconds(text: str) -> float:
 def _search(args) -> int:
     from pipeline.stages import search
 
-    search.main(args.params, progress=not args.quiet, stop_after=args.stop_after)
+    search.main(args.params, progress=not args.quiet, stop_after=args.stop_after, cluster=args.cluster)
     return 0
 
 
@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("search", help="stage 1: MetaSchedule search over a slice of the catalog")
     p.add_argument("--stop-after", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="start no new shard after this many seconds (a bounded campaign step; resumable)")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS",
+                   help='tune the shards on Dask: "local" or a running scheduler (tcp://host:8786); default: params')
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_search)
 

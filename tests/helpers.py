@@ -25,3 +25,20 @@ def tiny_model(out_dir, target, steps: int = 40) -> str:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return prompt
+
+
+def kill_a_busy_worker(client, ready, timeout_s: float = 240) -> str:
+    """Once `ready()` holds, SIGKILL one Dask worker process that is running a job (any
+    worker if none is busy); returns its address."""
+    import os
+    import signal
+    import time
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not ready():
+        time.sleep(0.1)
+    pids = client.run(os.getpid)
+    busy = [addr for addr, tasks in client.processing().items() if tasks]
+    victim = busy[0] if busy else next(iter(pids))
+    os.kill(pids[victim], signal.SIGKILL)
+    return victim

@@ -115,14 +115,9 @@ def test_a_worker_lost_mid_run_loses_nothing_and_counts_nothing_twice(tmp_path):
     killed = []
 
     def kill_one(client):
-        deadline = time.time() + 180
-        while time.time() < deadline and not any(path.exists() for *_, path in shards):
-            time.sleep(0.1)
-        pids = client.run(os.getpid)
-        busy = [addr for addr, tasks in client.processing().items() if tasks]
-        victim = busy[0] if busy else next(iter(pids))
-        os.kill(pids[victim], signal.SIGKILL)
-        killed.append(victim)
+        from helpers import kill_a_busy_worker
+
+        killed.append(kill_a_busy_worker(client, lambda: any(path.exists() for *_, path in shards), 180))
 
     run = corpus.generate(p, set(), progress=False, shards=shards, on_client=kill_one)
     assert killed and all(path.exists() for *_, path in shards)

@@ -291,3 +291,31 @@ def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path):
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_search_on_a_dask_cluster_survives_a_lost_worker(tmp_path):
+    """The search's shards on a local Dask cluster of 2 workers; one worker is killed (SIGKILL)
+    once the first candidates are in a database. Its shard runs again on the other worker and
+    resumes the database: every workload ends with its budget, no record twice."""
+    from pipeline.stages import search
+
+    p = _params(tmp_path, num_workloads=2, shard_size=1, trials_per_workload=8, trials_per_iter=4,
+                cluster="local", cluster_workers=2, builder_workers=1)
+    plan = search._plan(p, select_workloads(p))
+    killed = []
+
+    dbs = [d / "database_tuning_record.json" for d, _, _ in plan]
+
+    def kill_one(client):
+        from helpers import kill_a_busy_worker
+
+        killed.append(kill_a_busy_worker(client, lambda: any(db.exists() and db.read_text().count("\n") >= 1
+                                                             for db in dbs)))
+
+    parts = search.run_on_cluster(p, plan, progress=False, on_client=kill_one)
+    assert killed and sorted(r["shard"] for r in parts) == ["shard-0000", "shard-0001"]
+    for shard_dir, _, _ in plan:
+        lines = (shard_dir / "database_tuning_record.json").read_text().splitlines()
+        assert len(lines) == len(set(lines)) == 8, shard_dir
+    summary = run_search(p, progress=False)             # nothing left to measure
+    assert summary["this_run"]["measured"] == 0 and summary["trials"] == 16

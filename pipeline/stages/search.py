@@ -77,6 +77,11 @@ class SearchParams:
     rpc_tracker: str = "127.0.0.1:9190"
     rpc_key: str = "gpu"
     rpc_workers: int = 1             # measurements in flight (one per RPC server is the usual)
+    # Dask fan-out of the shards (README: clusters): null = this process (and one per GPU in
+    # `devices`); "local" = a local cluster of `cluster_workers` processes; "tcp://host:8786"
+    # = a running scheduler whose workers share the work folder
+    cluster: str | None = None
+    cluster_workers: int = 2
 
     def __post_init__(self):
         P.require(self.num_workloads > 0, "num_workloads must be > 0")
@@ -94,6 +99,9 @@ class SearchParams:
         host, _, port = self.rpc_tracker.rpartition(":")
         P.require(bool(host) and port.isdigit(), f"rpc_tracker must be host:port, got {self.rpc_tracker!r}")
         P.require(self.rpc_workers > 0, "rpc_workers must be > 0")
+        P.require(self.cluster is None or self.cluster == "local" or "://" in self.cluster,
+                  f"cluster must be null, 'local' or a scheduler address like tcp://host:8786, got {self.cluster!r}")
+        P.require(self.cluster_workers > 0, "cluster_workers must be > 0")
         P.require(all(isinstance(d, int) and d >= 0 for d in self.devices) and len(set(self.devices)) == len(self.devices),
                   "devices must list distinct GPU indices, e.g. [0, 1]")
 
@@ -268,19 +276,18 @@ def summarize_shard(shard_dir: Path) -> list[dict]:
 
 
 def _plan(p: SearchParams, specs: list[Spec]) -> list[tuple[Path, list[Spec], list[dict]]]:
-    work = Path(p.work_dir)
-    plan = []
-    for i in range(0, len(specs), p.shard_size):
-        shard = specs[i:i + p.shard_size]
-        shard_dir = work / f"shard-{i // p.shard_size:04d}"
-        shard_dir.mkdir(parents=True, exist_ok=True)
-        if p.archive_dir:
-            archive.restore(shard_dir, Path(p.archive_dir))
-        records.repair(shard_dir)   # a killed run may have left half a record: TVM would refuse the file
-        entries = [{**s.to_json(), "hash": structural_hash(build(s)), "target": p.target} for s in shard]
-        files.write_json(shard_dir / "workloads.json", entries)
-        plan.append((shard_dir, shard, entries))
-    return plan
+    return [_plan_shard(p, specs[i:i + p.shard_size], i // p.shard_size) for i in range(0, len(specs), p.shard_size)]
+
+
+def _plan_shard(p: SearchParams, shard: list[Spec], index: int) -> tuple[Path, list[Spec], list[dict]]:
+    shard_dir = Path(p.work_dir) / f"shard-{index:04d}"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    if p.archive_dir:
+        archive.restore(shard_dir, Path(p.archive_dir))
+    records.repair(shard_dir)   # a killed run may have left half a record: TVM would refuse the file
+    entries = [{**s.to_json(), "hash": structural_hash(build(s)), "target": p.target} for s in shard]
+    files.write_json(shard_dir / "workloads.json", entries)
+    return shard_dir, shard, entries
 
 
 def _remaining(p: SearchParams, plan) -> int:
@@ -358,7 +365,9 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     before = sum(sum(record_counts(d).values()) for d, _, _ in plan)
     start = time.perf_counter()
     deadline = time.time() + stop_after if stop_after else None
-    if len(p.devices) > 1:
+    if p.cluster:
+        parts = run_on_cluster(p, plan, progress)
+    elif len(p.devices) > 1:
         parts = _run_parts(p, plan, progress, deadline)
     else:
         if p.devices:
@@ -391,6 +400,31 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     return summary
 
 
+def run_on_cluster(p: SearchParams, plan, progress: bool = True, on_client=None) -> list[dict]:
+    """Every shard with trials still to measure, as one job on the Dask cluster (`cluster`:
+    "local" for a local cluster of `cluster_workers` processes, or a scheduler's address; the
+    work folder must be shared). A job whose worker is lost runs again elsewhere and resumes
+    the shard's database: records measured before the loss are kept and not measured again."""
+    from tqdm import tqdm
+
+    from pipeline import cluster
+
+    jobs = [(p, int(shard_dir.name.split("-")[1]), shard) for shard_dir, shard, entries in plan
+            if _pending(p, shard_dir, shard, entries)]
+    bar = tqdm(total=len(jobs), desc="search shards", unit="shard", disable=not progress)
+    out = cluster.run(_cluster_job, jobs, address=None if p.cluster == "local" else p.cluster,
+                      workers=p.cluster_workers, on_result=lambda _: bar.update(1), on_client=on_client)
+    bar.close()
+    return sorted(out, key=lambda r: r["shard"])
+
+
+def _cluster_job(p: SearchParams, index: int, shard: list[Spec]) -> dict:
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    item = _plan_shard(p, shard, index)
+    phases = _run_shards(p, [item], progress=False, part=f" dask{os.getpid()}")
+    return {"shard": item[0].name, "worker_pid": os.getpid(), **phases.to_json()}
+
+
 def _run_parts(p: SearchParams, plan, progress: bool, deadline: float | None) -> list[dict]:
     """One process per GPU over alternate shards; a part that dies loses only its shard in
     flight (the databases are resumable), and the stage reports it after the others finish."""
@@ -413,8 +447,11 @@ def _run_parts(p: SearchParams, plan, progress: bool, deadline: float | None) ->
     return out
 
 
-def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None) -> dict:
+def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
+         cluster: str | None = None) -> dict:
     p = P.load("search", SearchParams, params_path)
+    if cluster:
+        p = P.from_dict(SearchParams, {**dataclasses.asdict(p), "cluster": cluster}, "search")
     summary = run_search(p, progress, stop_after)
     run = summary["this_run"]
     print(f"search: {summary['workloads']} workloads, {summary['trials']} trials "
