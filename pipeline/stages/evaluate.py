@@ -58,6 +58,9 @@ class EvalParams:
     report: str = "reports/evaluation.md"
     register: bool = True
     free_sampling: bool = True                # also sample the candidate freely, reported beside guided
+    # PyTorch (cuBLAS / cuDNN on the GPU) on the timed kernels it has a library call for
+    # (pipeline.torch_baseline): the candidate's best construction latency over PyTorch's
+    pytorch_baseline: bool = False
     gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
 
     def __post_init__(self):
@@ -141,6 +144,28 @@ def sampled_refinements(tasks: list[Task], measurer: Measurer, target, seed: int
             script = codec.canonical_script(sch.trace)
             if measurer.measure([(t.key, script)], timed=False)[0].correct:
                 t.refinements = [(refinement_prompt(describe(t.mod), target.kind.name, script, 1.0), script)]
+
+
+def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> dict:
+    """Per timed kernel with a PyTorch call: PyTorch's latency (its output checked against
+    the kernel's reference first) and the candidate's best construction latency over it."""
+    from pipeline import torch_baseline
+    from pipeline.measure import baseline_module, build, is_gpu, random_inputs, run
+
+    device = "cuda" if is_gpu(target) else "cpu"
+    rows = []
+    for t in tasks:
+        spec = specs.get(t.key) if t.source == "test" else None
+        if not t.timed or torch_baseline.for_kernel(t.key, spec) is None:
+            continue
+        reference = run(build(baseline_module(t.mod, target), target), target, random_inputs(t.mod, seed))[-1]
+        torch_s = torch_baseline.measure(t.mod, t.key, spec, reference, device, seed)
+        best = _best(res[t.key]["construction"])
+        rows.append({"task": t.key, "pytorch_s": torch_s["latency_s"], "error": torch_s["error"],
+                     "model_s": best.latency_s if best else None,
+                     "ratio": best.latency_s / torch_s["latency_s"] if best and torch_s["latency_s"] else None})
+    return {"device": device, "tasks": len(rows), "latency_ratio": geomean([r["ratio"] for r in rows]),
+            "at_or_below": sum(1 for r in rows if r["ratio"] and r["ratio"] <= 1.0), "per_task": rows}
 
 
 def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool):
@@ -494,6 +519,8 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
                "samples": {label: {t.key: results[label][t.key]["scripts"][:2] for t in tasks} for label in labels}}
     if "rl" in results and "sft" in results:
         metrics["rl_vs_sft"] = rl_vs_sft(results["rl"], results["sft"], tasks)
+    if p.pytorch_baseline:
+        metrics["vs_pytorch"] = vs_pytorch(tasks, results[p.candidate], measurer.specs, target, p.seed)
     metrics["seconds"] = round(time.perf_counter() - start, 1)
     plots = _plots(metrics, labels, Path(p.metrics).parent)
     if p.register:
