@@ -72,11 +72,11 @@ def params_for_run(profile: str | None, overrides: dict[str, Any] | None):
 def with_cluster(overrides: dict[str, Any] | None, cluster: str | None = None,
                  rpc_tracker: str | None = None) -> dict[str, Any] | None:
     """The flows' cluster parameters as params overrides: `cluster` (a Dask scheduler
-    address) for the corpus and search stages' shards, `rpc_tracker` (host:port of TVM's RPC
+    address) for the corpus, search and evaluation stages' jobs, `rpc_tracker` (host:port of TVM's RPC
     tracker) for the search stage's measurements."""
     out = dict(overrides or {})
     if cluster:
-        out.update({"corpus.cluster": cluster, "search.cluster": cluster})
+        out.update({"corpus.cluster": cluster, "search.cluster": cluster, "evaluate.cluster": cluster})
     if rpc_tracker:
         out.update({"search.runner": "rpc", "search.rpc_tracker": rpc_tracker})
     return out or None

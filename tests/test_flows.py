@@ -128,7 +128,7 @@ def test_flows_take_the_cluster_addresses_as_parameters(tmp_path, monkeypatch):
     assert {"cluster", "rpc_tracker"} <= set(inspect.signature(pipeline_flow.fn).parameters)
     out = with_cluster({"rl.steps": 2}, "tcp://10.0.0.5:8786", "10.0.0.6:9190")
     assert out == {"rl.steps": 2, "corpus.cluster": "tcp://10.0.0.5:8786", "search.cluster": "tcp://10.0.0.5:8786",
-                   "search.runner": "rpc", "search.rpc_tracker": "10.0.0.6:9190"}
+                   "evaluate.cluster": "tcp://10.0.0.5:8786", "search.runner": "rpc", "search.rpc_tracker": "10.0.0.6:9190"}
     assert with_cluster(None) is None
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())["search"]
     p = from_dict(SearchParams, {**raw, "runner": "rpc", "rpc_tracker": "10.0.0.6:9190"})

@@ -58,6 +58,10 @@ class EvalParams:
     report: str = "reports/evaluation.md"
     register: bool = True
     free_sampling: bool = True                # also sample the candidate freely, reported beside guided
+    # Dask fan-out, one job per task (README: clusters): null = this process; "local" = a local
+    # cluster of `cluster_workers` processes; or a scheduler's address (tcp://host:8786)
+    cluster: str | None = None
+    cluster_workers: int = 2
     # PyTorch (cuBLAS / cuDNN on the GPU) on the timed kernels it has a library call for
     # (pipeline.torch_baseline): the candidate's best construction latency over PyTorch's
     pytorch_baseline: bool = False
@@ -67,6 +71,8 @@ class EvalParams:
         P.require(self.candidate in self.models, f"evaluate.candidate {self.candidate!r} is not in evaluate.models")
         P.require(self.attempts >= 1, "evaluate.attempts must be >= 1")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
+        P.require(self.cluster is None or self.cluster == "local" or "://" in self.cluster,
+                  f"evaluate.cluster must be null, 'local' or a scheduler address, got {self.cluster!r}")
         for item in self.te_suite:
             name, _, idx = str(item).partition(":")
             P.require(idx.isdigit(), f"evaluate.te_suite entry {item!r} must be NAME:INDEX, e.g. GMM:0")
@@ -467,6 +473,75 @@ def write_markdown(metrics: dict, path: str) -> None:
     files.write_text_atomic(path, "\n".join(lines) + "\n")
 
 
+def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measurer: Measurer, sp, target,
+                   trials: int, free_on: bool, progress: bool) -> tuple[dict, dict | None]:
+    """MetaSchedule, then every model, on `tasks` in this process with one checker:
+    (results per model label, the candidate's free-sampling results or None)."""
+    for t in tasks:
+        measurer.add(t.key, t.mod)
+    run_metaschedule(p, tasks, measurer, sp, target, trials, progress)
+    sampled_refinements(tasks, measurer, target, p.seed)
+    results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress)
+               for label in labels}
+    free = None
+    if free_on:   # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
+        constructions = [replace(t, refinements=[]) for t in tasks]
+        free = run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False), measurer,
+                         target, p.seed, progress)
+    return results, free
+
+
+def _task_job(params_path: str, key: str, labels: list[str], free_on: bool) -> dict:
+    """One task on a Dask worker: the whole in-process evaluation of that task (its own
+    checker: MetaSchedule's candidates and every model's are timed by the same one)."""
+    import yaml
+
+    from pipeline.generate import GenerationParams
+    from pipeline.stages.search import SearchParams
+    from pipeline.tvm_env import make_target
+
+    p = P.load("evaluate", EvalParams, params_path)
+    raw = yaml.safe_load(Path(params_path).read_text())
+    sp = P.from_dict(SearchParams, raw["search"], "search")
+    g = P.from_dict(GenerationParams, {**raw.get("sft", {}).get("generation", {}), "attempts": p.attempts},
+                    "sft.generation")
+    target = make_target(raw["search"]["target"])
+    measurer = Measurer(records.workload_entries(sp.work_dir), raw["search"]["target"], p.timeout_s, p.workers)
+    task = next(t for t in make_tasks(p, measurer.specs, target) if t.key == key)
+    results, free = evaluate_tasks(p, [task], labels, g, measurer, sp, target,
+                                   p.metaschedule_trials or sp.trials_per_workload, free_on, progress=False)
+    measurer.checker.close()
+    return {"key": key, "ms_scripts": task.ms_scripts, "ms_outcomes": task.ms_outcomes, "ms_seconds": task.ms_seconds,
+            "refinements": task.refinements, "results": {label: results[label][key] for label in labels},
+            "free": free[key] if free else None}
+
+
+def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labels: list[str], free_on: bool,
+                        progress: bool) -> tuple[dict, dict | None]:
+    """evaluate_tasks with one Dask job per task (`evaluate.cluster`: "local" or a scheduler's
+    address); the tasks get MetaSchedule's results and refinement prompts back from the jobs.
+    A job whose worker is lost runs again on another worker."""
+    from pipeline import cluster
+
+    bar = tqdm(total=len(tasks), desc="evaluate tasks", unit="task", disable=not progress)
+    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on) for t in tasks],
+                       address=None if p.cluster == "local" else p.cluster, workers=p.cluster_workers,
+                       on_result=lambda _: bar.update(1))
+    bar.close()
+    by_key = {d["key"]: d for d in done}
+    results: dict = {label: {} for label in labels}
+    free: dict | None = {} if free_on else None
+    for t in tasks:
+        d = by_key[t.key]
+        t.ms_scripts, t.ms_outcomes, t.ms_seconds, t.refinements = (d["ms_scripts"], d["ms_outcomes"],
+                                                                   d["ms_seconds"], d["refinements"])
+        for label in labels:
+            results[label][t.key] = d["results"][label]
+        if free is not None:
+            free[t.key] = d["free"]
+    return results, free
+
+
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     import yaml
 
@@ -488,23 +563,19 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     tasks = make_tasks(p, measurer.specs, target)
-    for t in tasks:
-        measurer.add(t.key, t.mod)
-    run_metaschedule(p, tasks, measurer, sp, target, trials, progress)
-    sampled_refinements(tasks, measurer, target, p.seed)
-    results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress)
-               for label in labels}
+    free_on = g.guided and p.free_sampling
+    if p.cluster:
+        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress)
+    else:
+        results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress)
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
     for label, m in per_model.items():
         m["gate"] = gate(m, p.gates)
         m["decoding"] = {"mode": "guided" if g.guided else "free", **decoding_figures(results[label])}
     # The model's own validity, beside the guided figures: the candidate sampled freely.
     free_sampling = None
-    if g.guided and p.free_sampling:
-        # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
+    if free_on:
         constructions = [replace(t, refinements=[]) for t in tasks]
-        free = run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False), measurer, target,
-                         p.seed, progress)
         fm = model_metrics(free, constructions, p.attempts)
         free_sampling = {"model": p.candidate, "construction": {kk: fm["construction"][kk] for kk in
                                                                 ("correctness", "attempts", "failures_by_stage")},

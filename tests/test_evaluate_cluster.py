@@ -1,0 +1,63 @@
+"""The evaluation on a Dask cluster (one job per task) gives the same scripts and checks as
+the evaluation in one process, and hands MetaSchedule's results back to the tasks."""
+
+import json
+from pathlib import Path
+
+import yaml
+
+from helpers import SPEC, tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup(tmp_path, cpu_target) -> Path:
+    from pipeline.describe import describe
+    from pipeline.prompts import construction_prompt
+    from pipeline.workloads import build
+
+    tiny_model(tmp_path / "model", cpu_target, steps=60)
+    shard = tmp_path / "search" / "shard-0000"
+    shard.mkdir(parents=True)
+    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
+    (tmp_path / "dataset").mkdir()
+    prompt = construction_prompt(describe(build(SPEC)), "llvm")
+    (tmp_path / "dataset" / "test.jsonl").write_text(json.dumps(
+        {"workload": SPEC.id, "task": "construction", "prompt": prompt, "completion": ""}) + "\n")
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["search"]["work_dir"] = str(tmp_path / "search")
+    raw["evaluate"].update(models={"rl": str(tmp_path / "model")}, candidate="rl", dataset_dir=str(tmp_path / "dataset"),
+                           te_suite=["SFM:0"], te_timed=[], attempts=2, metaschedule_trials=4, free_sampling=False,
+                           register=False, work_dir=str(tmp_path / "evaluate"), cluster_workers=2)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    return params
+
+
+def test_evaluation_on_dask_matches_one_process(tmp_path, cpu_target):
+    import dataclasses
+
+    from pipeline import params as P, records
+    from pipeline.generate import GenerationParams
+    from pipeline.reward import Measurer
+    from pipeline.stages import evaluate as ev
+    from pipeline.stages.search import SearchParams
+
+    path = _setup(tmp_path, cpu_target)
+    raw = yaml.safe_load(path.read_text())
+    p = P.load("evaluate", ev.EvalParams, str(path))
+    sp = P.from_dict(SearchParams, raw["search"], "search")
+    g = P.from_dict(GenerationParams, {**raw["sft"].get("generation", {}), "attempts": p.attempts}, "sft.generation")
+    measurer = Measurer(records.workload_entries(sp.work_dir), raw["search"]["target"], p.timeout_s, p.workers)
+    here = ev.make_tasks(p, measurer.specs, cpu_target)
+    local, _ = ev.evaluate_tasks(p, here, ["rl"], g, measurer, sp, cpu_target, 4, False, progress=False)
+    there = ev.make_tasks(p, measurer.specs, cpu_target)
+    dask, _ = ev.evaluate_on_cluster(str(path), dataclasses.replace(p, cluster="local"), there, ["rl"], False,
+                                     progress=False)
+    assert [t.key for t in here] == [SPEC.id, "te:SFM:0"]
+    for a, b in zip(here, there):
+        ra, rb = local["rl"][a.key], dask["rl"][b.key]
+        assert ra["scripts"] == rb["scripts"] and len(ra["scripts"]) == 2
+        assert [o.stage for o in ra["construction"]] == [o.stage for o in rb["construction"]]
+        assert len(a.ms_outcomes) == len(b.ms_outcomes) and [q for q, _ in a.refinements] == [q for q, _ in b.refinements]
+    assert len(there[0].ms_outcomes) == 4 and there[0].ms_seconds > 0      # MetaSchedule's run came back
