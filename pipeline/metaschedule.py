@@ -22,15 +22,17 @@ class Tuned:
     trials: int
 
 
-def tune(mod, target, trials: int, work_dir: Path, sp, name: str) -> Tuned:
-    """sp: the search stage's SearchParams (population, timeouts, trials per iteration)."""
+def tune(mod, target, trials: int, work_dir: Path, sp, name: str, strategy=None) -> Tuned:
+    """sp: the search stage's SearchParams (population, timeouts, trials per iteration);
+    `strategy`: another search strategy (e.g. pipeline.model_strategy.ModelFirst)."""
     work_dir = Path(work_dir)
     if work_dir.exists():
         for f in work_dir.glob("database_*.json"):
             f.unlink()   # a fresh run: the timing is part of the result
     work_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    tuning.tune(sp, target, [(name, mod)], work_dir, trials, min(sp.trials_per_iter, trials), logger="evaluate")
+    tuning.tune(sp, target, [(name, mod)], work_dir, trials, min(sp.trials_per_iter, trials), logger="evaluate",
+                search_strategy=strategy)
     seconds = time.perf_counter() - start
     scripts, lat = [], []
     for ref in records.scan(work_dir):

@@ -196,7 +196,7 @@ def make_runner(sp):
 
 
 def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
-         callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None) -> Phases:
+         callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None, search_strategy=None) -> Phases:
     """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
     the project's design space, round-robin over the tasks) into a JSONDatabase in `work_dir`.
     `pool`: a PoolBuilder the caller keeps across calls (its workers then start once per
@@ -206,7 +206,7 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
     phases = Phases()
     tasks = [ms.TuneContext(
         mod=mod, target=target, space_generator=generator(target),
-        search_strategy=strategy(sp),
+        search_strategy=search_strategy if search_strategy is not None else strategy(sp),
         task_name=name, rand_state=sp.seed, num_threads=sp.builder_workers,
         logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
     owned = pool is None

@@ -7,6 +7,7 @@ from helpers import SPEC, tiny_model
 def test_tune_tir_takes_the_model_as_its_strategy(tmp_path, cpu_target):
     from pipeline import codec
     from pipeline.model_strategy import ModelFirst
+    from pipeline.tvm_env import worker_init
     from pipeline.tvm_env import Schedule, ms, structural_hash
     from pipeline.workloads import build
 
@@ -14,7 +15,9 @@ def test_tune_tir_takes_the_model_as_its_strategy(tmp_path, cpu_target):
     mod = build(SPEC)
     strategy = ModelFirst(str(tmp_path / "model"), batch=4, population_size=16, genetic_num_iters=1)
     db = ms.tune_tir(mod, cpu_target, str(tmp_path / "ms"), max_trials_global=8, num_trials_per_iter=4,
-                     strategy=strategy)
+                     strategy=strategy,   # workers with the project's import fix: seconds, not a minute, per round
+                     builder=ms.builder.LocalBuilder(max_workers=1, initializer=worker_init),
+                     runner=ms.runner.LocalRunner(initializer=worker_init))
     records = db.get_all_tuning_records()
     assert len(strategy.proposed) == 4 and len(records) == 8
 

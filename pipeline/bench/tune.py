@@ -5,7 +5,9 @@ search at equal measured candidates, on TVM's te_workload kernels, in one run.
         [--ms-trials 64] [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
-MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round). Every candidate of both is
+MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round); and the model inside
+MetaSchedule (pipeline.model_strategy.ModelFirst) tunes `--trials`: half written by the model,
+the rest evolved by MetaSchedule from them. Every candidate of both is
 timed by the same checker (pipeline.verify), so the comparison never mixes two timers:
 MetaSchedule's best of its first K is the fastest of its first K candidates as the checker
 times them, as in the evaluation. Reported: best latency after 8, 16, ... candidates for
@@ -35,6 +37,7 @@ def _best_curve(latencies: list[float | None]) -> list[float | None]:
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker) -> dict:
     from pipeline import metaschedule
+    from pipeline.model_strategy import ModelFirst
     from pipeline.stages.evaluate import te_module
     from pipeline.tune import Tuner
     from pipeline.tvm_env import make_target
@@ -48,34 +51,48 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         row["model"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve, "measured": r.measured,
                         "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped}
         tuned = metaschedule.tune(mod, target, ms_trials, Path(tmp) / "ms", sp, f"bench_{item}")
-        start = time.perf_counter()
-        scripts = [s for s in tuned.scripts if s is not None]
-        timed = dict(zip(scripts, checker.check_many(mod, scripts, target_spec, timed=True)))
-        lat = [timed[s].latency_s if s is not None and timed[s].correct else None for s in tuned.scripts]
-        row["metaschedule"] = {"seconds": round(tuned.seconds, 1), "retime_seconds": round(time.perf_counter() - start, 1),
-                               "curve": _best_curve(lat), "measured": len(lat), "correct": sum(x is not None for x in lat)}
+        row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
+        # the model inside MetaSchedule: its first batch written by the model, the rest evolved
+        hybrid = ModelFirst((model, tok), batch=max(1, trials // 2), population_size=sp.population_size,
+                            genetic_num_iters=sp.genetic_num_iters)
+        tuned = metaschedule.tune(mod, target, trials, Path(tmp) / "hybrid", sp, f"bench_{item}_hybrid", strategy=hybrid)
+        row["model_first"] = {**_retimed(tuned, mod, target_spec, checker), "from_model": len(hybrid.proposed)}
     return row
+
+
+def _retimed(tuned, mod, target_spec, checker) -> dict:
+    """MetaSchedule's candidates, in its order, re-timed by the checker that timed the model's."""
+    start = time.perf_counter()
+    scripts = [s for s in tuned.scripts if s is not None]
+    timed = dict(zip(scripts, checker.check_many(mod, scripts, target_spec, timed=True)))
+    lat = [timed[s].latency_s if s is not None and timed[s].correct else None for s in tuned.scripts]
+    return {"seconds": round(tuned.seconds, 1), "retime_seconds": round(time.perf_counter() - start, 1),
+            "curve": _best_curve(lat), "measured": len(lat), "correct": sum(x is not None for x in lat)}
 
 
 def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
     def at(curve, k):
         return curve[min(k, len(curve)) - 1] if curve else None
 
-    per, wins, reach = [], 0, []
+    per, wins, reach, hybrid_wins = [], 0, [], 0
     for row in rows:
         m, s = row["model"]["curve"], row["metaschedule"]["curve"]
         ms_full = at(s, ms_trials)
         model_n = at(m, trials)
         win = model_n is not None and ms_full is not None and model_n <= ms_full
         wins += win
+        hybrid_n = at(row["model_first"]["curve"], trials) if "model_first" in row else None
+        hybrid_wins += hybrid_n is not None and ms_full is not None and hybrid_n <= ms_full
         need = next((i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
         reach.append(need)
         per.append({"task": row["task"], f"model@{trials}": model_n, f"ms@{trials}": at(s, trials),
                     f"ms@{ms_trials}": ms_full, "model_le_ms_full": win, "model_trials_to_ms_full": need,
+                    f"model_first@{trials}": hybrid_n,
                     "model_seconds": row["model"]["seconds"], "ms_seconds": row["metaschedule"]["seconds"],
                     "ratio_model_to_ms_full": (model_n / ms_full) if model_n and ms_full else None})
     return {"tasks": len(rows), "trials": trials, "ms_trials": ms_trials,
             f"model@{trials}_le_ms@{ms_trials}": wins, "fraction": wins / len(rows) if rows else None,
+            f"model_first@{trials}_le_ms@{ms_trials}": hybrid_wins,
             "target_fraction": 0.7, "per_task": per}
 
 
@@ -89,7 +106,10 @@ def plot(rows: list[dict], path: str) -> None:
     cols = min(4, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4 * cols, 3 * ((n + cols - 1) // cols)), squeeze=False)
     for ax, row in zip(axes.flat, rows):
-        for key, label in (("model", "model (tune)"), ("metaschedule", "MetaSchedule")):
+        for key, label in (("model", "model (tune)"), ("metaschedule", "MetaSchedule"),
+                           ("model_first", "model first, then MetaSchedule")):
+            if key not in row:
+                continue
             curve = row[key]["curve"]
             xs = [i + 1 for i, y in enumerate(curve) if y is not None]
             ax.plot(xs, [curve[i - 1] * 1e6 for i in xs], label=label)
@@ -135,7 +155,8 @@ def main() -> None:
     plot(rows, str(Path(args.out).with_suffix(".png")))
     s = summarize(rows, args.trials, args.ms_trials)
     print(f"model@{args.trials} <= MetaSchedule@{args.ms_trials} on {s[f'model@{args.trials}_le_ms@{args.ms_trials}']}"
-          f"/{s['tasks']} tasks -> {args.out}")
+          f"/{s['tasks']} tasks; ModelFirst@{args.trials}: {s[f'model_first@{args.trials}_le_ms@{args.ms_trials}']}"
+          f"/{s['tasks']} -> {args.out}")
 
 
 if __name__ == "__main__":
