@@ -19,16 +19,25 @@ from collections.abc import Callable, Iterable
 
 
 def client(address: str | None = None, workers: int | None = None):
-    """A Dask client: to the scheduler at `address`, or to a new local cluster of `workers`
+    """A Dask client: to the scheduler at `address`, or (None or "local") to a new local cluster of `workers`
     single-threaded worker processes (default: all cores)."""
     from distributed import Client, LocalCluster
 
-    if address:
+    if address and address != "local":
         return Client(address, timeout=30)
     n = workers or os.cpu_count() or 1
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
                            silence_logs=40)
     return Client(cluster)
+
+
+def check_address(value: str | None, key: str) -> None:
+    """A params value naming where jobs run: None (in this process), "local" (a local
+    cluster) or a scheduler's address."""
+    from pipeline import params as P
+
+    P.require(value is None or value == "local" or "://" in value,
+              f"{key} must be null, 'local' or a scheduler address like tcp://host:8786, got {value!r}")
 
 
 def run(fn: Callable, jobs: Iterable[tuple], address: str | None = None, workers: int | None = None,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import files, params as P, records
+from pipeline import cluster, files, params as P, records
 from pipeline.prompts import construction_prompt, refinement_prompt
 from pipeline.describe import describe
 from pipeline.prompts import source_script
@@ -71,8 +71,7 @@ class EvalParams:
         P.require(self.candidate in self.models, f"evaluate.candidate {self.candidate!r} is not in evaluate.models")
         P.require(self.attempts >= 1, "evaluate.attempts must be >= 1")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
-        P.require(self.cluster is None or self.cluster == "local" or "://" in self.cluster,
-                  f"evaluate.cluster must be null, 'local' or a scheduler address, got {self.cluster!r}")
+        cluster.check_address(self.cluster, "evaluate.cluster")
         for item in self.te_suite:
             name, _, idx = str(item).partition(":")
             P.require(idx.isdigit(), f"evaluate.te_suite entry {item!r} must be NAME:INDEX, e.g. GMM:0")
@@ -494,19 +493,8 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
 def _task_job(params_path: str, key: str, labels: list[str], free_on: bool) -> dict:
     """One task on a Dask worker: the whole in-process evaluation of that task (its own
     checker: MetaSchedule's candidates and every model's are timed by the same one)."""
-    import yaml
-
-    from pipeline.generate import GenerationParams
-    from pipeline.stages.search import SearchParams
-    from pipeline.tvm_env import make_target
-
-    p = P.load("evaluate", EvalParams, params_path)
-    raw = yaml.safe_load(Path(params_path).read_text())
-    sp = P.from_dict(SearchParams, raw["search"], "search")
-    g = P.from_dict(GenerationParams, {**raw.get("sft", {}).get("generation", {}), "attempts": p.attempts},
-                    "sft.generation")
-    target = make_target(raw["search"]["target"])
-    measurer = Measurer(records.workload_entries(sp.work_dir), raw["search"]["target"], p.timeout_s, p.workers)
+    p, sp, g, target_spec, target = _settings(params_path)
+    measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     task = next(t for t in make_tasks(p, measurer.specs, target) if t.key == key)
     results, free = evaluate_tasks(p, [task], labels, g, measurer, sp, target,
                                    p.metaschedule_trials or sp.trials_per_workload, free_on, progress=False)
@@ -521,12 +509,9 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
     """evaluate_tasks with one Dask job per task (`evaluate.cluster`: "local" or a scheduler's
     address); the tasks get MetaSchedule's results and refinement prompts back from the jobs.
     A job whose worker is lost runs again on another worker."""
-    from pipeline import cluster
-
     bar = tqdm(total=len(tasks), desc="evaluate tasks", unit="task", disable=not progress)
     done = cluster.run(_task_job, [(params_path, t.key, labels, free_on) for t in tasks],
-                       address=None if p.cluster == "local" else p.cluster, workers=p.cluster_workers,
-                       on_result=lambda _: bar.update(1))
+                       address=p.cluster, workers=p.cluster_workers, on_result=lambda _: bar.update(1))
     bar.close()
     by_key = {d["key"]: d for d in done}
     results: dict = {label: {} for label in labels}
@@ -542,7 +527,8 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
     return results, free
 
 
-def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+def _settings(params_path: str):
+    """(evaluate params, search params, generation params, target spec, target) from the file."""
     import yaml
 
     from pipeline.generate import GenerationParams
@@ -555,7 +541,11 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     g = P.from_dict(GenerationParams, {**raw.get("sft", {}).get("generation", {}), "attempts": p.attempts},
                     "sft.generation")
     target_spec = raw["search"]["target"]
-    target = make_target(target_spec)
+    return p, sp, g, target_spec, make_target(target_spec)
+
+
+def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+    p, sp, g, target_spec, target = _settings(params_path)
     labels = [label for label, d in p.models.items() if Path(d).exists()]
     if p.candidate not in labels:
         raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")

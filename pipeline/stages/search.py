@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import archive, files, params as P, records, tuning
+from pipeline import archive, cluster, files, params as P, records, tuning
 from pipeline.measure import measure_baseline
 from pipeline.tuning import Phases
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm
@@ -99,8 +99,7 @@ class SearchParams:
         host, _, port = self.rpc_tracker.rpartition(":")
         P.require(bool(host) and port.isdigit(), f"rpc_tracker must be host:port, got {self.rpc_tracker!r}")
         P.require(self.rpc_workers > 0, "rpc_workers must be > 0")
-        P.require(self.cluster is None or self.cluster == "local" or "://" in self.cluster,
-                  f"cluster must be null, 'local' or a scheduler address like tcp://host:8786, got {self.cluster!r}")
+        cluster.check_address(self.cluster, "search.cluster")
         P.require(self.cluster_workers > 0, "cluster_workers must be > 0")
         P.require(all(isinstance(d, int) and d >= 0 for d in self.devices) and len(set(self.devices)) == len(self.devices),
                   "devices must list distinct GPU indices, e.g. [0, 1]")
@@ -188,14 +187,18 @@ def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Sp
                        pool=pool)
 
 
-def _failed(shard_dir: Path) -> dict[str, str]:
-    path = shard_dir / "failed.json"
+def _listed(shard_dir: Path, name: str) -> dict:
+    """A shard's list of workloads not to tune again (hash -> why), {} when there is none."""
+    path = shard_dir / name
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _failed(shard_dir: Path) -> dict[str, str]:
+    return _listed(shard_dir, "failed.json")
 
 
 def _exhausted(shard_dir: Path) -> dict[str, int]:
-    path = shard_dir / "exhausted.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return _listed(shard_dir, "exhausted.json")
 
 
 def _pending(p: SearchParams, shard_dir: Path, shard: list[Spec], entries: list[dict]):
@@ -407,13 +410,11 @@ def run_on_cluster(p: SearchParams, plan, progress: bool = True, on_client=None)
     the shard's database: records measured before the loss are kept and not measured again."""
     from tqdm import tqdm
 
-    from pipeline import cluster
-
-    jobs = [(p, int(shard_dir.name.split("-")[1]), shard) for shard_dir, shard, entries in plan
+    jobs = [(p, index, shard) for index, (shard_dir, shard, entries) in enumerate(plan)
             if _pending(p, shard_dir, shard, entries)]
     bar = tqdm(total=len(jobs), desc="search shards", unit="shard", disable=not progress)
-    out = cluster.run(_cluster_job, jobs, address=None if p.cluster == "local" else p.cluster,
-                      workers=p.cluster_workers, on_result=lambda _: bar.update(1), on_client=on_client)
+    out = cluster.run(_cluster_job, jobs, address=p.cluster, workers=p.cluster_workers,
+                      on_result=lambda _: bar.update(1), on_client=on_client)
     bar.close()
     return sorted(out, key=lambda r: r["shard"])
 
