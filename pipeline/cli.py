@@ -114,6 +114,16 @@ def _pull(args) -> int:
     return 0
 
 
+def _mlflow_sync(args) -> int:
+    from pipeline import tracking
+
+    done = tracking.sync()
+    for folder, run_id in done:
+        print(f"logged {folder} -> run {run_id}")
+    print(f"mlflow-sync: {len(done)} kept run(s) logged to {tracking.tracking_uri()}")
+    return 0
+
+
 def _target_arg(text: str):
     import json
 
@@ -252,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pull", help="fetch the champion model from the MLflow registry")
     p.add_argument("--dest", default="models/champion", help="folder to write it to (default: models/champion)")
     p.set_defaults(func=_pull)
+
+    p = sub.add_parser("mlflow-sync", help="log the runs kept in mlruns-pending/ (trained where MLflow was not available)")
+    p.set_defaults(func=_mlflow_sync)
 
     p = sub.add_parser("optimize", help="optimize a kernel with the model; prints the best verified script")
     p.add_argument("kernel", help="a TVMScript file with a PrimFunc, or a Python file that builds one (TE)")

@@ -54,14 +54,20 @@ def read_jsonl(path: Path | str) -> Iterator[Any]:
                 continue
 
 
-def save_model_dir(model, tokenizer, dest: Path | str) -> Path:
+def save_model_dir(model, tokenizer, dest: Path | str, bf16: bool = False) -> Path:
     """Save a model and its tokenizer into a fresh folder beside `dest`, then swap it in: no
     file of an earlier model (a LoRA run's adapter_config.json, say) survives, and an
-    interruption leaves the old model in place."""
+    interruption leaves the old model in place. Safetensors shards of at most 20 MB (a model
+    trained on a lent machine comes back in pieces); `bf16`: the weights are cast to bfloat16
+    first (the model trained in bf16 mixed precision, shipped at half the size)."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.new-"))
-    model.save_pretrained(new)
+    if bf16:
+        import torch
+
+        model.to(torch.bfloat16)
+    model.save_pretrained(new, max_shard_size="20MB")
     tokenizer.save_pretrained(new)
     swap_dir(new, dest)
     return dest

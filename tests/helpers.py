@@ -21,7 +21,7 @@ def tiny_model(out_dir, target, steps: int = 40) -> str:
     p = from_dict(train_sft.SFTParams, dict(hidden_size=32, layers=2, heads=2, intermediate_size=64, vocab_size=400,
                                             max_length=512, pretrain_steps=0, sft_steps=steps, batch_size=8,
                                             learning_rate=3e-3, output_dir=str(out_dir)))
-    model, tok, _ = train_sft.train(p, rows, [], progress=False)
+    model, tok, _, _ = train_sft.train(p, rows, [], progress=False)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return prompt

@@ -34,18 +34,17 @@ def _sft(tmp_path: Path, name: str, processes: int, config: str | None = None, l
                       dataset_dir=str(data), output_dir=str(work / "models" / "sft"), report=str(work / "sft.json"),
                       base_model=base, bf16=lora)
     (work / "params.yaml").write_text(yaml.safe_dump(raw))
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]     # the launcher of this interpreter
     if config:
-        launcher = ["accelerate", "launch", "--config_file", str(ROOT / config), "--num_processes", str(processes), "-m"]
+        launcher = [*launch, "--config_file", str(ROOT / config), "--num_processes", str(processes), "-m"]
     elif processes > 1:
-        launcher = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+        launcher = [*launch, "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
                     "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
     else:
-        launcher = ["python", "-m"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+        launcher = [sys.executable, "-m"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
            "OMP_NUM_THREADS": "1"}
-    cmd = [str(Path(sys.executable).parent / launcher[0]), *launcher[1:], "pipeline.cli", "--params", str(work / "params.yaml"), "sft", "--quiet"]
-    if processes == 1:
-        cmd[0] = sys.executable
+    cmd = [*launcher, "pipeline.cli", "--params", str(work / "params.yaml"), "sft", "--quiet"]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((work / "sft.json").read_text())
@@ -80,7 +79,7 @@ model_dir, out, prompt, spec_id, spec = sys.argv[1], sys.argv[2], sys.argv[3], s
 p = from_dict(rl.RLParams, dict(model_dir=model_dir, output_dir=out + "/rl", steps=2, num_generations=2,
                                 prompts_per_step=2, max_completion_length=400, reward={"workers": 1, "timeout_s": 60}))
 prompts = [{"prompt": prompt, "workload": spec_id, "task": "construction"}] * 8
-model, tok, reward, history = rl.train(p, prompts, {spec_id: spec}, {"kind": "llvm", "num-cores": 2}, progress=False)
+model, tok, reward, history, _ = rl.train(p, prompts, {spec_id: spec}, {"kind": "llvm", "num-cores": 2}, progress=False)
 log = distributed.gather(reward.log)
 if distributed.is_main():
     json.dump({"mine": len(reward.log), "all": log, "world": distributed.world_size()}, open(out + "/rl.json", "w"))
@@ -94,10 +93,10 @@ def test_grpo_on_two_processes_gathers_every_rollout(tmp_path, cpu_target):
 
     prompt = tiny_model(tmp_path / "sft", cpu_target)
     (tmp_path / "driver.py").write_text(DRIVER)
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "driver.py"),
            str(tmp_path / "sft"), str(tmp_path), prompt, SPEC.id, json.dumps(SPEC.to_json())]
-    done = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    done = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "rl.json").read_text())

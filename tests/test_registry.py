@@ -2,6 +2,8 @@
 becomes champion, a failing one is tagged with its reasons and the champion stays; pull
 fetches the champion; the registered pyfunc loads and writes scripts."""
 
+from pathlib import Path
+
 import pytest
 
 from helpers import tiny_model
@@ -85,3 +87,24 @@ def test_saving_a_model_over_a_lora_folder_leaves_no_adapter_behind(store, cpu_t
     (dest / "adapter_config.json").write_text('{"base_model_name_or_path": "/nowhere"}')
     files.save_model_dir(model, tok, dest)
     assert not models.is_adapter(dest) and models.load(dest)[0].config.hidden_size == 32
+
+
+def test_a_run_made_without_mlflow_is_kept_and_logged_later(store, monkeypatch):
+    """The GPU machines have no MLflow: a run is kept with a copy of its artifacts, then logged."""
+    from pipeline import tracking
+    monkeypatch.setenv("LITTLE_DRAGON_MLFLOW", "defer")
+    Path("r.json").write_text('{"a": 1}')
+    rid = tracking.log_run("sft", {"lr": 0.1, "gen": {"k": 2}}, {"loss": 0.5}, [("sft_loss", 1, 0.9), ("sft_loss", 2, 0.5)], ["r.json", "missing.png"])
+    assert rid.startswith("pending:")
+    kept = [d for d in tracking.PENDING.iterdir()]
+    assert len(kept) == 1 and (kept[0] / "artifacts" / "r.json").read_text() == '{"a": 1}'
+    monkeypatch.delenv("LITTLE_DRAGON_MLFLOW")
+    done = tracking.sync()
+    assert len(done) == 1 and not any(tracking.PENDING.iterdir())
+    import mlflow
+    client = mlflow.tracking.MlflowClient(tracking.tracking_uri())
+    run = client.get_run(done[0][1])
+    assert run.data.metrics["loss"] == 0.5 and run.data.params["lr"] == "0.1"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "sft_loss")] == [0.9, 0.5]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["r.json"]
+    assert tracking.sync() == []

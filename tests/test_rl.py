@@ -18,7 +18,7 @@ def test_grpo_steps_with_the_measured_reward(tmp_path, cpu_target):
                                           steps=2, num_generations=2, prompts_per_step=1, max_completion_length=400,
                                           reward={"workers": 1, "timeout_s": 60}))
     prompts = [{"prompt": prompt, "workload": SPEC.id, "task": "construction"}] * 4
-    model, tok, reward, history = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
+    model, tok, reward, history, _ = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
                                                  {"kind": "llvm", "num-cores": 2}, progress=False)
     assert len(reward.log) == 4 and {e["step"] for e in reward.log} == {1, 2}
     # rollouts come from the guided decoder: complete scripts of the design space, all correct

@@ -25,7 +25,7 @@ def test_scratch_model_learns_and_weights_change(tmp_path):
     torch.manual_seed(0)
     tokenizer = train_sft.make_tokenizer(p, [r["text"] for r in CORPUS])
     before = {k: v.clone() for k, v in train_sft.make_model(p, tokenizer).state_dict().items()}
-    model, tokenizer, history = train_sft.train(p, ROWS, CORPUS, progress=False)
+    model, tokenizer, history, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
     sft = [loss for phase, _, loss in history if phase == "sft"]
     assert sft[-1] < sft[0] * 0.7, sft
     after = model.state_dict()
@@ -53,7 +53,7 @@ def test_lora_on_a_local_pretrained_base(tmp_path):
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)).save_pretrained(base_dir)
     tokenizer.save_pretrained(base_dir)
     p = _params(tmp_path, base_model=str(base_dir), sft_steps=20)
-    model, tok, history = train_sft.train(p, ROWS, CORPUS, progress=False)
+    model, tok, history, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
     assert [ph for ph, _, _ in history if ph == "pretrain"] == []  # no corpus pre-training for a pretrained base
     trainable = [n for n, t in model.named_parameters() if t.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -73,7 +73,7 @@ def test_guided_generation_of_a_barely_trained_model_is_valid_and_complete(tmp_p
     from pipeline.generate import generate
 
     p = _params(tmp_path, sft_steps=10, pretrain_steps=0)
-    model, tok, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
+    model, tok, _, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
     g = GenerationParams(attempts=3, max_new_tokens=600)
     w = generate(model, tok, [ROWS[0]["prompt"]], g, kernels=[(matmul_mod, cpu_target)])
     assert w.complete == [[True, True, True]] and w.tokens > 0
@@ -91,3 +91,20 @@ def test_guided_generation_of_a_barely_trained_model_is_valid_and_complete(tmp_p
 
 def test_clean_stops_at_blank_line():
     assert clean("B x\nL b0 2\n\ngarbage") == "B x\nL b0 2"
+
+
+def test_a_time_limit_stops_each_phase_and_the_model_ships_in_bf16(tmp_path):
+    """A lent GPU gives a command 10 minutes: training stops where its budget runs out (here at
+    once: one step per phase) and says so; a bf16-trained model is saved at half the size."""
+    from pipeline import files, models
+
+    p = _params(tmp_path, time_limit_s=0.0)
+    model, tok, history, info = train_sft.train(p, ROWS, CORPUS, progress=False)
+    assert info["stopped_at"] == {"pretrain": 1, "sft": 1} and info["runtime_s"]["sft"] > 0
+    assert max(s for ph, s, _ in history if ph == "sft") <= 1
+    fp32 = files.save_model_dir(model, tok, tmp_path / "fp32")
+    half = files.save_model_dir(model, tok, tmp_path / "half", bf16=True)
+    size = lambda d: sum(f.stat().st_size for f in d.glob("*.safetensors"))
+    assert size(half) < 0.6 * size(fp32)
+    loaded, _ = models.load(half)
+    assert next(loaded.parameters()).dtype == torch.bfloat16

@@ -42,6 +42,7 @@ class RLParams:
     bf16: bool = False
     gradient_checkpointing: bool = False
     guided: bool = True          # rollouts written by the guided decoder (false: free sampling)
+    time_limit_s: float | None = None   # wall-clock budget of training: stop at that step and save
     seed: int = 0
     reward: dict = field(default_factory=dict)
 
@@ -202,11 +203,15 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     mods = {w: build(Spec.from_json(specs[w])) for w in {r["workload"] for r in prompts}}
     kernel_of = {r["prompt"]: (mods[r["workload"]], target) for r in prompts}
     rollout = guided_rollout(kernel_of, p.temperature, p.top_p, p.max_completion_length, p.guided)
+    from pipeline.budget import time_limit
+
+    stop = time_limit(p.time_limit_s)
     trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
-                          train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout)
+                          train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout,
+                          callbacks=[stop])
     trainer.train()
     model = distributed.unsharded(trainer, str(Path(args.output_dir) / "final"))
-    return model, tokenizer, reward, trainer.state.log_history
+    return model, tokenizer, reward, trainer.state.log_history, stop.stopped_at
 
 
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
@@ -218,15 +223,16 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     prompts = training_prompts(rows, p.max_prompts, p.seed)
     specs = records.workload_entries(raw["data"]["search_dir"])
     start = time.perf_counter()
-    model, tokenizer, reward, history = train(p, prompts, specs, raw["search"]["target"], progress)
+    model, tokenizer, reward, history, stopped_at = train(p, prompts, specs, raw["search"]["target"], progress)
     seconds = time.perf_counter() - start
     log = distributed.gather(reward.log)                  # every process's rollouts, all ranks take part
     checked = sum(distributed.gather([reward.measurer.builds]))
     if not distributed.is_main():
         return {}
-    out = files.save_model_dir(model, tokenizer, p.output_dir)   # a fresh folder, swapped in
+    out = files.save_model_dir(model, tokenizer, p.output_dir, bf16=p.bf16)   # a fresh folder, swapped in
     summary = summarize(log, history)
     report = {"start_model": p.model_dir, "train_seconds": round(seconds, 1), "steps": p.steps,
+              "time_limit_s": p.time_limit_s, "stopped_at": stopped_at,
               "prompts": len(prompts), "checked_scripts": checked, "processes": distributed.world_size(),
               "cache_entries": len(reward.measurer.cache), "reward_params": asdict(reward.rp),
               **summary}

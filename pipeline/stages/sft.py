@@ -48,6 +48,7 @@ class SFTParams:
     bf16: bool = False
     gradient_checkpointing: bool = False
     eval_prompts: int = 8             # validation prompts per task
+    time_limit_s: float | None = None  # wall-clock budget of training (pre-training gets its share by steps)
     check_timeout_s: float = 60.0
     seed: int = 0
     dataset_dir: str = "data/dataset"
@@ -118,28 +119,52 @@ def _trainer_args(p: SFTParams, out: str, steps: int, **over):
 
 
 def train(p: SFTParams, train_rows: list[dict], corpus: list[dict], progress: bool = True):
-    """Returns (model, tokenizer, loss history [(phase, step, loss)])."""
+    """Returns (model, tokenizer, loss history [(phase, step, loss)], {"stopped_at": {phase: step
+    where the time limit stopped it}, "runtime_s": {phase: the trainer's own training time}})."""
     from datasets import Dataset
     from trl import SFTTrainer
+
+    from pipeline.budget import time_limit
 
     texts = [r["text"] for r in corpus] + [r["prompt"] + r["completion"] for r in train_rows]
     tokenizer = make_tokenizer(p, texts)
     model = make_model(p, tokenizer)
     history: list[tuple[str, int, float]] = []
+    stopped: dict[str, int] = {}
+    runtime: dict[str, float] = {}
     work = str(Path(p.output_dir).parent / ".sft-work")
-    if p.pretrain_steps and corpus and not p.base_model:
+    pretrain = p.pretrain_steps if corpus and not p.base_model else 0
+
+    def limit(steps: int):
+        return time_limit(None if p.time_limit_s is None else p.time_limit_s * steps / (pretrain + p.sft_steps))
+
+    if pretrain:
+        stop = limit(pretrain)
         trainer = SFTTrainer(model=model, args=_trainer_args(p, work, p.pretrain_steps, disable_tqdm=not progress),
                              train_dataset=Dataset.from_list([{"text": r["text"]} for r in corpus]),
-                             processing_class=tokenizer)
+                             processing_class=tokenizer, callbacks=[stop])
         trainer.train()
         history += [("pretrain", h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        runtime["pretrain"] = _runtime(trainer)
+        if stop.stopped_at is not None:
+            stopped["pretrain"] = stop.stopped_at
     data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in train_rows])
+    stop = limit(p.sft_steps)
     trainer = SFTTrainer(
         model=model, args=_trainer_args(p, work, p.sft_steps, completion_only_loss=True, disable_tqdm=not progress),
-        train_dataset=data, processing_class=tokenizer, peft_config=lora_config(p) if p.base_model else None)
+        train_dataset=data, processing_class=tokenizer, peft_config=lora_config(p) if p.base_model else None,
+        callbacks=[stop])
     trainer.train()
     history += [("sft", h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
-    return distributed.unsharded(trainer, str(Path(work) / "final")), tokenizer, history
+    runtime["sft"] = _runtime(trainer)
+    if stop.stopped_at is not None:
+        stopped["sft"] = stop.stopped_at
+    info = {"stopped_at": stopped, "runtime_s": runtime}
+    return distributed.unsharded(trainer, str(Path(work) / "final")), tokenizer, history, info
+
+
+def _runtime(trainer) -> float | None:
+    return next((round(float(h["train_runtime"]), 2) for h in trainer.state.log_history if "train_runtime" in h), None)
 
 
 def eval_prompts(rows: list[dict], n: int, seed: int) -> dict[str, list[dict]]:
@@ -221,19 +246,21 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     if not train_rows:
         raise FileNotFoundError(f"no training examples in {data}: run `little-dragon data` first")
     start = time.perf_counter()
-    model, tokenizer, history = train(p, train_rows, corpus, progress)
+    model, tokenizer, history, info = train(p, train_rows, corpus, progress)
     train_s = time.perf_counter() - start
     if not distributed.is_main():
         return {}
-    out = files.save_model_dir(model, tokenizer, p.output_dir)   # a fresh folder, swapped in
-    specs = records.workload_entries(raw["data"]["search_dir"])
-    evaluation = per_attempt_correctness(model, tokenizer, val_rows, specs, raw["search"]["target"], p, progress)
+    out = files.save_model_dir(model, tokenizer, p.output_dir, bf16=p.bf16)   # a fresh folder, swapped in
     n_params = sum(t.numel() for t in model.parameters())
     report = {"model": p.base_model or SCRATCH_NOTE, "parameters": n_params, "train_seconds": round(train_s, 1),
               "train_examples": len(train_rows), "corpus_scripts": len(corpus),
-              "processes": distributed.world_size(),
-              "final_loss": history[-1][2] if history else None, "validation": evaluation,
+              "processes": distributed.world_size(), **info, "time_limit_s": p.time_limit_s,
+              "final_loss": history[-1][2] if history else None, "validation": None,
               "history": [list(h) for h in history]}
+    files.write_json(p.report, report)        # the training record survives an interrupted validation
+    specs = records.workload_entries(raw["data"]["search_dir"])
+    evaluation = per_attempt_correctness(model, tokenizer, val_rows, specs, raw["search"]["target"], p, progress)
+    report["validation"] = evaluation
     files.write_json(p.report, report)
     plot = str(Path(p.report).with_name("sft_loss.png"))
     _plot(history, plot)
