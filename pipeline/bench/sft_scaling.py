@@ -1,15 +1,17 @@
 """Benchmark: the SFT stage on 1 and on N GPUs under `accelerate launch` (data parallel, the
-same params: `batch_size` is the global batch), on the project's real training examples.
-Reports each run's loss curve, training seconds and examples per second, and the speed-up.
+same params: `batch_size` is the global batch, so every run takes the same optimisation steps
+with the same learning-rate schedule), on the project's real training examples. Reports each
+run's loss curve, examples per second and the speed-up, and how far the curves are apart.
 
-    python -m pipeline.bench.sft_scaling --params profiles/gpu.yaml --steps 200 --gpus 1 2 \\
+    python -m pipeline.bench.sft_scaling --params profiles/gpu.yaml --gpus 1 2 --time-limit 60 \\
         --out reports/gpu/sft_scaling.json
+    python -m pipeline.bench.sft_scaling --reports one_gpu/sft.json two_gpus/sft.json --out ...
 
-Each run is the stage itself (`python -m accelerate.commands.launch ... -m pipeline.cli sft`)
-with its steps, output folder and report redirected; pre-training and the validation
-generation are off, so `train_seconds` is the trainer's own training time; the stage's
-(tokenizer included) and the launcher's wall time are reported apart as `stage_train_seconds`
-and `wall_seconds`.
+The first form runs the stage itself (`python -m accelerate.commands.launch ... -m pipeline.cli
+sft`) once per GPU count, each stopped by `time_limit_s` (validation off); the second compares
+SFT reports already written (e.g. a full training run on 2 GPUs against a short one on 1 with
+the same params). Speed is the trainer's own time (`runtime_s`); the curves are compared on
+the logged steps both runs reached.
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 
-def run(params: str, steps: int, gpus: int, work: Path) -> dict:
+def run(params: str, gpus: int, time_limit: float, work: Path) -> str:
+    """One SFT run on `gpus` GPUs; returns its report's path."""
     raw = yaml.safe_load(Path(params).read_text())
-    raw["sft"].update(pretrain_steps=0, sft_steps=steps, eval_prompts=0, time_limit_s=None,
-                      output_dir=str(work / f"sft-{gpus}"), report=str(work / f"sft-{gpus}.json"))
+    report = work / f"sft-{gpus}.json"
+    raw["sft"].update(eval_prompts=0, time_limit_s=time_limit, output_dir=str(work / f"sft-{gpus}"), report=str(report))
     path = work / f"params-{gpus}.yaml"
     path.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
@@ -36,29 +38,41 @@ def run(params: str, steps: int, gpus: int, work: Path) -> dict:
     cmd += ["--multi_gpu"] if gpus > 1 else []
     cmd += ["-m", "pipeline.cli", "--params", str(path), "sft", "--quiet"]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus)), "LITTLE_DRAGON_MLFLOW": "defer"}
-    start = time.perf_counter()
     subprocess.run(cmd, env=env, check=True)
-    wall = time.perf_counter() - start
-    report = json.loads((work / f"sft-{gpus}.json").read_text())
-    curve = [(s, loss) for ph, s, loss in report["history"] if ph == "sft"]
-    batch = raw["sft"]["batch_size"]
-    return {"gpus": gpus, "processes": report["processes"], "steps": steps, "global_batch": batch,
-            "train_seconds": report["runtime_s"]["sft"], "stage_train_seconds": report["train_seconds"],
-            "wall_seconds": round(wall, 1),
-            "examples_per_second": round(steps * batch / report["runtime_s"]["sft"], 1), "loss": curve}
+    return str(report)
 
 
-def plot(result: dict, path: str) -> None:
+def summary(path: str, batch: int) -> dict:
+    r = json.loads(Path(path).read_text())
+    curve = [(s, loss) for ph, s, loss in r["history"] if ph == "sft"]
+    steps = r["stopped_at"].get("sft") or max(s for s, _ in curve)
+    runtime = r["runtime_s"]["sft"]
+    return {"report": path, "gpus": r["processes"], "steps": steps, "global_batch": batch, "train_seconds": runtime,
+            "examples_per_second": round(steps * batch / runtime, 1), "loss": curve}
+
+
+def compare(runs: list[dict]) -> list[dict]:
+    base = runs[0]
+    for r in runs:
+        r["speedup"] = round(r["examples_per_second"] / base["examples_per_second"], 2)
+        mine = dict(r["loss"])
+        common = [(x, mine[s]) for s, x in base["loss"] if s in mine]
+        r["common_logged_steps"] = len(common)
+        r["mean_abs_loss_gap_vs_first"] = round(sum(abs(x - y) for x, y in common) / len(common), 4) if common else None
+    return runs
+
+
+def plot(runs: list[dict], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for r in result["runs"]:
-        ax.plot([s for s, _ in r["loss"]], [v for _, v in r["loss"]],
+    for r in runs:
+        ax.plot([s for s, _ in r["loss"]], [v for _, v in r["loss"]], marker=".",
                 label=f"{r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}: {r['examples_per_second']} examples/s")
-    ax.set_xlabel("step (same global batch)")
+    ax.set_xlabel("step (same global batch and schedule)")
     ax.set_ylabel("SFT loss")
     ax.set_yscale("log")
     ax.legend()
@@ -70,29 +84,26 @@ def plot(result: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", default="profiles/gpu.yaml")
-    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--time-limit", type=float, default=60.0, help="seconds of training per run")
+    ap.add_argument("--reports", nargs="+", help="compare these SFT reports instead of running")
     ap.add_argument("--work", default="data/bench-sft-scaling")
     ap.add_argument("--out", default="reports/gpu/sft_scaling.json")
     a = ap.parse_args()
-    work = Path(a.work)
-    work.mkdir(parents=True, exist_ok=True)
-    runs = [run(a.params, a.steps, g, work) for g in a.gpus]
-    base = runs[0]
-    for r in runs:
-        r["speedup"] = round(r["examples_per_second"] / base["examples_per_second"], 2)
-        common = [(x, y) for (s1, x), (s2, y) in zip(base["loss"], r["loss"]) if s1 == s2]
-        r["mean_abs_loss_gap_vs_first"] = round(sum(abs(x - y) for x, y in common) / len(common), 4) if common else None
-    import torch
-
-    result = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "params": a.params, "runs": runs}
+    batch = yaml.safe_load(Path(a.params).read_text())["sft"]["batch_size"]
+    if a.reports:
+        paths = a.reports
+    else:
+        work = Path(a.work)
+        work.mkdir(parents=True, exist_ok=True)
+        paths = [run(a.params, g, a.time_limit, work) for g in a.gpus]
+    runs = compare(sorted((summary(p, batch) for p in paths), key=lambda r: r["gpus"]))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1))
-    plot(result, str(Path(a.out).with_suffix(".png")))
+    Path(a.out).write_text(json.dumps({"params": a.params, "runs": runs}, indent=1))
+    plot(runs, str(Path(a.out).with_suffix(".png")))
     for r in runs:
-        print(f"{r['gpus']} GPU(s): {r['examples_per_second']} examples/s (x{r['speedup']}), "
-              f"loss {r['loss'][0][1]:.3f} -> {r['loss'][-1][1]:.3f}, gap {r['mean_abs_loss_gap_vs_first']}")
+        print(f"{r['gpus']} GPU(s): {r['steps']} steps, {r['examples_per_second']} examples/s (x{r['speedup']}), "
+              f"loss gap {r['mean_abs_loss_gap_vs_first']} over {r['common_logged_steps']} logged steps")
 
 
 if __name__ == "__main__":
