@@ -78,7 +78,8 @@ def defer(run_name: str, params: dict, metrics: dict, curves, artifacts: list[st
         "run_name": run_name, "params": params, "metrics": metrics,
         "curves": [list(c) for c in curves], "artifacts": kept}, default=str))
     tmp.rename(PENDING / stem)
-    print(f"mlflow: not available here; run '{run_name}' kept in {PENDING / stem} (log it with `little-dragon mlflow-sync`)")
+    why = "deferred by LITTLE_DRAGON_MLFLOW" if importlib.util.find_spec("mlflow") else "MLflow is not installed here"
+    print(f"mlflow: {why}; run {run_name!r} kept in {PENDING / stem} (log it with `little-dragon mlflow-sync`)")
     return f"pending:{stem}"
 
 

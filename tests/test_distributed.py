@@ -44,6 +44,8 @@ def _sft(tmp_path: Path, name: str, processes: int, config: str | None = None, l
         launcher = [sys.executable, "-m"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
            "OMP_NUM_THREADS": "1"}
+    if processes == 1:
+        env["CUDA_VISIBLE_DEVICES"] = "0"     # one process, one GPU (TRL refuses nn.DataParallel over several)
     cmd = [*launcher, "pipeline.cli", "--params", str(work / "params.yaml"), "sft", "--quiet"]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -448,6 +448,10 @@ def _run_parts(p: SearchParams, plan, progress: bool, deadline: float | None) ->
     return out
 
 
+def _times(x: float | None) -> str:
+    return "n/a (no correct candidate)" if x is None else f"{x:.2f}x"
+
+
 def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
          cluster: str | None = None) -> dict:
     p = P.load("search", SearchParams, params_path)
@@ -456,8 +460,8 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     summary = run_search(p, progress, stop_after)
     run = summary["this_run"]
     print(f"search: {summary['workloads']} workloads, {summary['trials']} trials "
-          f"({summary['failed_trials']} failed), geomean speedup over baseline "
-          f"{summary['speedup_geomean_vs_baseline'] or float('nan'):.2f}x -> {p.work_dir}, {p.report}; "
+          f"({summary['failed_trials']} failed), geomean speedup over baseline {_times(summary['speedup_geomean_vs_baseline'])}"
+          f" -> {p.work_dir}, {p.report}; "
           f"this run {run['measured']} candidates in {run['seconds']:.0f} s "
           f"({run['candidates_per_min'] or 0:.0f}/min)")
     return summary
