@@ -24,7 +24,7 @@ from pathlib import Path
 from pipeline import files, records
 
 FILES = ("database_workload.json", "database_tuning_record.json", "workloads.json", "baselines.json",
-         "errors.jsonl", "failed.json", "exhausted.json")
+         "errors.jsonl", "failed.json", "exhausted.json", "summary.json")
 
 
 def _count(shard_dir: Path) -> int:

@@ -97,7 +97,9 @@ def _rl(args) -> int:
 def _evaluate(args) -> int:
     from pipeline.stages import evaluate
 
-    metrics = evaluate.main(args.params, progress=not args.quiet)
+    metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after)
+    if "incomplete" in metrics:
+        return 0 if not args.fail_on_gate else 1
     return 0 if metrics["gate"]["passed"] or not args.fail_on_gate else 1
 
 
@@ -257,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("evaluate", help="stage 6: gated evaluation; registers models in MLflow")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--fail-on-gate", action="store_true", help="exit 1 when the candidate fails a gate")
+    p.add_argument("--stop-after", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="start no new task after SECONDS (an evaluation in steps; keep results with evaluate.archive_dir)")
     p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("pull", help="fetch the champion model from the MLflow registry")

@@ -1,4 +1,10 @@
-"""Shared by tests: a tiny model trained for real on scripts of one small workload."""
+"""Shared by tests: a tiny model trained for real on scripts of one small workload; an
+evaluation set up around it."""
+
+import json
+from pathlib import Path
+
+import yaml
 
 from pipeline.stages import sft as train_sft
 from pipeline.codec import canonical_script
@@ -25,6 +31,26 @@ def tiny_model(out_dir, target, steps: int = 40) -> str:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return prompt
+
+
+def eval_params(tmp_path, target, search: dict | None = None, **evaluate) -> Path:
+    """A params file for an evaluation of a tiny model on SPEC (one test workload with a
+    construction prompt) plus what `evaluate` sets; returns its path."""
+    tiny_model(tmp_path / "model", target, steps=60)
+    shard = tmp_path / "search" / "shard-0000"
+    shard.mkdir(parents=True)
+    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
+    (tmp_path / "dataset").mkdir()
+    prompt = construction_prompt(describe(build(SPEC)), "llvm")
+    (tmp_path / "dataset" / "test.jsonl").write_text(json.dumps(
+        {"workload": SPEC.id, "task": "construction", "prompt": prompt, "completion": ""}) + "\n")
+    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
+    raw["search"].update(work_dir=str(tmp_path / "search"), **(search or {}))
+    raw["evaluate"].update(models={"rl": str(tmp_path / "model")}, candidate="rl", dataset_dir=str(tmp_path / "dataset"),
+                           free_sampling=False, register=False, work_dir=str(tmp_path / "evaluate"), **evaluate)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    return params
 
 
 def kill_a_busy_worker(client, ready, timeout_s: float = 240) -> str:

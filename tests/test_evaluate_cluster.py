@@ -1,37 +1,16 @@
 """The evaluation on a Dask cluster (one job per task) gives the same scripts and checks as
 the evaluation in one process, and hands MetaSchedule's results back to the tasks."""
 
-import json
 from pathlib import Path
 
 import yaml
 
-from helpers import SPEC, tiny_model
-
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import SPEC, eval_params
 
 
 def _setup(tmp_path, cpu_target) -> Path:
-    from pipeline.describe import describe
-    from pipeline.prompts import construction_prompt
-    from pipeline.workloads import build
-
-    tiny_model(tmp_path / "model", cpu_target, steps=60)
-    shard = tmp_path / "search" / "shard-0000"
-    shard.mkdir(parents=True)
-    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
-    (tmp_path / "dataset").mkdir()
-    prompt = construction_prompt(describe(build(SPEC)), "llvm")
-    (tmp_path / "dataset" / "test.jsonl").write_text(json.dumps(
-        {"workload": SPEC.id, "task": "construction", "prompt": prompt, "completion": ""}) + "\n")
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["search"]["work_dir"] = str(tmp_path / "search")
-    raw["evaluate"].update(models={"rl": str(tmp_path / "model")}, candidate="rl", dataset_dir=str(tmp_path / "dataset"),
-                           te_suite=["SFM:0"], te_timed=[], attempts=2, metaschedule_trials=4, free_sampling=False,
-                           register=False, work_dir=str(tmp_path / "evaluate"), cluster_workers=2)
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(raw))
-    return params
+    return eval_params(tmp_path, cpu_target, te_suite=["SFM:0"], te_timed=[], attempts=2, metaschedule_trials=4,
+                       cluster_workers=2)
 
 
 def test_evaluation_on_dask_matches_one_process(tmp_path, cpu_target):

@@ -2,7 +2,8 @@
 
     little-dragon evaluate
 
-On the held-out test workloads and on a slice of TVM's te_workload suite (the external
+On the held-out test workloads, on held-out catalog workloads that no stage trains on
+(`catalog_workloads`, pipeline.heldout) and on a slice of TVM's te_workload suite (the external
 benchmark, never trained on), for each model (SFT, RL): K scripts per construction prompt and
 per refinement prompt, each verified and timed by the same checker (pipeline.verify, in worker
 processes). MetaSchedule tunes every task in the same run, with the search stage's settings;
@@ -15,6 +16,12 @@ best at the same number of measured candidates (K) and at the full budget, RL-vs
 time to schedule against the search time MetaSchedule needed to reach the same latency
 (prorated by trial index over the tuning run's wall time). Every model is registered in MLflow;
 `champion` moves only to a version that passes every gate.
+
+An evaluation too long for one sitting (the GPU profile on a lent machine) runs in steps:
+`evaluate --stop-after S` stops starting tasks after S seconds; with `archive_dir` set, every
+finished MetaSchedule run (its database), its re-timed candidates and every model's results per
+task are kept there (for git) and reused by the next step while their settings and model files
+are the same; the metrics are written by the step that finds every task done.
 """
 
 from __future__ import annotations
@@ -65,11 +72,14 @@ class EvalParams:
     # PyTorch (cuBLAS / cuDNN on the GPU) on the timed kernels it has a library call for
     # (pipeline.torch_baseline): the candidate's best construction latency over PyTorch's
     pytorch_baseline: bool = False
+    catalog_workloads: int = 0                # held-out catalog workloads as extra timed tasks (pipeline.heldout)
+    archive_dir: str | None = None            # an evaluation in steps: finished task results kept here (git)
     gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
 
     def __post_init__(self):
         P.require(self.candidate in self.models, f"evaluate.candidate {self.candidate!r} is not in evaluate.models")
         P.require(self.attempts >= 1, "evaluate.attempts must be >= 1")
+        P.require(self.catalog_workloads >= 0, "evaluate.catalog_workloads must be >= 0")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
         cluster.check_address(self.cluster, "evaluate.cluster")
         for item in self.te_suite:
@@ -80,7 +90,7 @@ class EvalParams:
 @dataclass
 class Task:
     key: str
-    source: str                      # "test" | "te_workload"
+    source: str                      # "test" | "catalog" | "te_workload"
     mod: object
     timed: bool = True               # timed and tuned with MetaSchedule (speedup metrics), or correctness only
     prompt: str = ""
@@ -109,7 +119,28 @@ def te_module(item: str):
     return tvm.IRModule({"main": te_workload.create_te_workload(name, int(idx))})
 
 
-def make_tasks(p: EvalParams, specs: dict, target) -> list[Task]:
+def catalog_specs(p: EvalParams, sp, params_path: str, specs: dict, target) -> list:
+    """The held-out catalog workloads (pipeline.heldout: past the corpus's reach, not searched),
+    added to `specs` so the checker can build them."""
+    if not p.catalog_workloads:
+        return []
+    import yaml
+
+    from pipeline import heldout
+
+    corpus = yaml.safe_load(Path(params_path).read_text()).get("corpus") or {}
+    prefix = max((t["workloads"] for t in corpus.get("targets", [])), default=0)
+    chosen = heldout.catalog_workloads(p.catalog_workloads, corpus.get("seed", 0), prefix, sp.families,
+                                       sp.max_mflop, sp.max_elements, set(specs), target)
+    for spec in chosen:
+        specs[spec.id] = spec.to_json()
+    return chosen
+
+
+def make_tasks(p: EvalParams, specs: dict, target, extra: list = ()) -> list[Task]:
+    """Test workloads (with their dataset prompts), then the held-out catalog workloads `extra`
+    (construction prompt here, refinement prompts from MetaSchedule's first candidates), then
+    the te_workload kernels."""
     from pipeline.workloads import Spec, build
 
     rows = list(files.read_jsonl(Path(p.dataset_dir) / "test.jsonl"))
@@ -125,6 +156,9 @@ def make_tasks(p: EvalParams, specs: dict, target) -> list[Task]:
         elif len(t.refinements) < p.refinement_prompts and all(r["prompt"] != q for q, _ in t.refinements):
             t.refinements.append((r["prompt"], source_script(r["prompt"])))
     out = list(tasks.values())
+    for spec in extra:
+        mod = build(spec)
+        out.append(Task(spec.id, "catalog", mod, True, construction_prompt(describe(mod), target.kind.name)))
     for item in p.te_suite:
         mod = te_module(item)
         out.append(Task(f"te:{item}", "te_workload", mod, item in p.te_timed,
@@ -160,7 +194,7 @@ def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> 
     device = "cuda" if is_gpu(target) else "cpu"
     rows = []
     for t in tasks:
-        spec = specs.get(t.key) if t.source == "test" else None
+        spec = specs.get(t.key) if t.source in ("test", "catalog") else None
         if not t.timed or torch_baseline.for_kernel(t.key, spec) is None:
             continue
         reference = run(build(baseline_module(t.mod, target), target), target, random_inputs(t.mod, seed))[-1]
@@ -173,35 +207,125 @@ def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> 
             "at_or_below": sum(1 for r in rows if r["ratio"] and r["ratio"] <= 1.0), "per_task": rows}
 
 
-def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool):
-    from pipeline import metaschedule
+def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool,
+                     deadline: float | None = None) -> None:
+    """MetaSchedule on every timed task, its candidates re-timed by the evaluation's checker.
+    With `archive_dir`, a finished run and its re-timed candidates are kept and reused."""
+    from pipeline import archive, metaschedule
 
     for t in tqdm([t for t in tasks if t.timed], desc="metaschedule", disable=not progress):
-        tuned = metaschedule.tune(t.mod, target, trials, Path(p.work_dir) / t.key.replace(":", "_"), sp, t.key)
+        if t.ms_scripts:
+            continue
+        if deadline is not None and time.time() > deadline:
+            break
+        work = Path(p.work_dir) / _dirname(t.key)
+        kept = Path(p.archive_dir) / "metaschedule" if p.archive_dir else None
+        if kept is not None:
+            archive.restore(work, kept)
+        tuned = metaschedule.tune(t.mod, target, trials, work, sp, t.key, reuse=kept is not None)
+        if kept is not None:
+            archive.save(work, kept)
         t.ms_scripts, t.ms_seconds = tuned.scripts, tuned.seconds
-        pairs = [(t.key, s) for s in tuned.scripts if s is not None]
-        timed = dict(zip([s for _, s in pairs], measurer.measure(pairs)))
-        t.ms_outcomes = [timed.get(s) if s is not None else Outcome("decode", "trace did not encode")
-                         for s in tuned.scripts]
+        cache = _cache_read(p, t.key)
+        ms_key = {**metaschedule.settings(target, trials, sp), "scripts": len(tuned.scripts)}
+        if cache.get("metaschedule", {}).get("key") == ms_key:
+            t.ms_outcomes = [_outcome(o) for o in cache["metaschedule"]["outcomes"]]
+        else:
+            pairs = [(t.key, s) for s in tuned.scripts if s is not None]
+            timed = dict(zip([s for _, s in pairs], measurer.measure(pairs)))
+            t.ms_outcomes = [timed.get(s) if s is not None else Outcome("decode", "trace did not encode")
+                             for s in tuned.scripts]
+            _cache_update(p, t.key, "metaschedule", {"key": ms_key, "outcomes": [_json(o) for o in t.ms_outcomes]})
         if t.source == "te_workload":   # the "somewhat optimized" script to refine: MS's best of its first K
             best = _best(t.ms_outcomes[: p.attempts])
             if best is not None:
                 script = t.ms_scripts[t.ms_outcomes.index(best)]
                 t.refinements = [(refinement_prompt(describe(t.mod), target.kind.name, script, best.speedup or 1.0),
                                   script)]
+        elif t.source == "catalog":     # its refinement prompts: MS's distinct correct scripts of its first K, best first
+            first = [(o, s) for o, s in zip(t.ms_outcomes[: p.attempts], t.ms_scripts) if o is not None and o.correct]
+            seen: set = set()
+            for o, script in sorted(first, key=lambda x: x[0].latency_s or math.inf):
+                if script not in seen and len(t.refinements) < p.refinement_prompts:
+                    seen.add(script)
+                    t.refinements.append((refinement_prompt(describe(t.mod), target.kind.name, script,
+                                                            o.speedup or 1.0), script))
+
+
+def _dirname(key: str) -> str:
+    return key.replace(":", "_")
+
+
+def _cache_path(p: EvalParams, key: str) -> Path:
+    return Path(p.archive_dir) / "tasks" / f"{_dirname(key)}.json"
+
+
+def _cache_read(p: EvalParams, key: str) -> dict:
+    if not p.archive_dir or not _cache_path(p, key).exists():
+        return {}
+    import json
+
+    return json.loads(_cache_path(p, key).read_text())
+
+
+def _cache_update(p: EvalParams, key: str, field_name: str, value) -> None:
+    """One task's kept results (MetaSchedule's re-timed candidates, each model's results),
+    written atomically; nothing without `archive_dir`."""
+    if not p.archive_dir:
+        return
+    entry = _cache_read(p, key)
+    entry[field_name] = value
+    _cache_path(p, key).parent.mkdir(parents=True, exist_ok=True)
+    files.write_json(_cache_path(p, key), entry)
+
+
+def _json(o: Outcome | None):
+    return o.to_json() if o is not None else None
+
+
+def _outcome(d: dict | None) -> Outcome | None:
+    return Outcome(**d) if d is not None else None
+
+
+def _result_json(r: dict) -> dict:
+    return {**r, "construction": [_json(o) for o in r["construction"]],
+            "refinement": [{**x, "source": _json(x["source"]), "attempts": [_json(o) for o in x["attempts"]]}
+                           for x in r["refinement"]]}
+
+
+def _result_from_json(d: dict) -> dict:
+    return {**d, "construction": [_outcome(o) for o in d["construction"]],
+            "refinement": [{**x, "source": _outcome(x["source"]), "attempts": [_outcome(o) for o in x["attempts"]]}
+                           for x in d["refinement"]]}
 
 
 def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measurer, target, seed: int,
-              progress: bool) -> dict:
+              progress: bool, p: EvalParams | None = None, deadline: float | None = None) -> dict:
     """K scripts per construction prompt and per refinement prompt, each checked and timed.
-    With `g.guided` (the default) every script comes from the kernel's design space."""
+    With `g.guided` (the default) every script comes from the kernel's design space. With
+    `p.archive_dir`, a task's results kept for the same model files and settings are reused."""
+    from dataclasses import asdict
+
     from pipeline import models
     from pipeline.generate import generate
+    from pipeline.registry import model_digest
 
-    model, tok = models.load(model_dir)
+    model = tok = None
     out = {}
     mode = "guided" if g.guided else "free"
+    key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": asdict(g),
+           "refinements": None}
     for t in tqdm(tasks, desc=f"evaluate {label} ({mode})", disable=not progress):
+        field_name = f"model:{label}:{mode}:{'with' if t.refinements else 'no'}-refinements"
+        task_key = {**key, "refinements": [q for q, _ in t.refinements]}
+        kept = _cache_read(p, t.key).get(field_name) if p is not None else None
+        if kept is not None and kept["key"] == task_key:
+            out[t.key] = _result_from_json(kept["result"])
+            continue
+        if deadline is not None and time.time() > deadline:
+            break
+        if model is None:
+            model, tok = models.load(model_dir)
         start = time.perf_counter()
         w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)])
         cons = _incomplete_fail(measurer.measure([(t.key, s) for s in w.scripts[0]], t.timed), w.complete[0])
@@ -215,6 +339,8 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
             tokens, gen_s, retries = tokens + wr.tokens, gen_s + wr.seconds, retries + wr.retries
         out[t.key] = {"construction": cons, "seconds": seconds, "refinement": refs, "scripts": w.scripts[0],
                       "complete": complete, "tokens": tokens, "generation_seconds": gen_s, "retries": retries}
+        if p is not None:
+            _cache_update(p, t.key, field_name, {"key": task_key, "result": _result_json(out[t.key])})
     return out
 
 
@@ -473,29 +599,47 @@ def write_markdown(metrics: dict, path: str) -> None:
 
 
 def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measurer: Measurer, sp, target,
-                   trials: int, free_on: bool, progress: bool) -> tuple[dict, dict | None]:
+                   trials: int, free_on: bool, progress: bool, deadline: float | None = None) -> tuple[dict, dict | None]:
     """MetaSchedule, then every model, on `tasks` in this process with one checker:
-    (results per model label, the candidate's free-sampling results or None)."""
+    (results per model label, the candidate's free-sampling results or None). Past `deadline`
+    no new task is started: the results then lack some tasks (see `missing`)."""
     for t in tasks:
         measurer.add(t.key, t.mod)
-    run_metaschedule(p, tasks, measurer, sp, target, trials, progress)
+    run_metaschedule(p, tasks, measurer, sp, target, trials, progress, deadline)
+    if any(t.timed and not t.ms_scripts for t in tasks):
+        return {label: {} for label in labels}, ({} if free_on else None)
     sampled_refinements(tasks, measurer, target, p.seed)
-    results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress)
+    results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress, p, deadline)
                for label in labels}
     free = None
     if free_on:   # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
         constructions = [replace(t, refinements=[]) for t in tasks]
         free = run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False), measurer,
-                         target, p.seed, progress)
+                         target, p.seed, progress, p, deadline)
     return results, free
 
 
-def _task_job(params_path: str, key: str, labels: list[str], free_on: bool) -> dict:
+def missing(tasks: list[Task], results: dict, free: dict | None) -> dict:
+    """What an evaluation stopped by its deadline has left: tasks without MetaSchedule, and per
+    model label the tasks without results."""
+    out = {"metaschedule": [t.key for t in tasks if t.timed and not t.ms_scripts]}
+    for label, res in {**results, **({"free": free} if free is not None else {})}.items():
+        left = [t.key for t in tasks if t.key not in res]
+        if left:
+            out[label] = left
+    return {k: v for k, v in out.items() if v}
+
+
+def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extra: list | None = None) -> dict:
     """One task on a Dask worker: the whole in-process evaluation of that task (its own
     checker: MetaSchedule's candidates and every model's are timed by the same one)."""
     p, sp, g, target_spec, target = _settings(params_path)
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
-    task = next(t for t in make_tasks(p, measurer.specs, target) if t.key == key)
+    from pipeline.workloads import Spec
+
+    extra_specs = [Spec.from_json(e) for e in extra or []]
+    measurer.specs.update({e.id: e.to_json() for e in extra_specs})
+    task = next(t for t in make_tasks(p, measurer.specs, target, extra_specs) if t.key == key)
     results, free = evaluate_tasks(p, [task], labels, g, measurer, sp, target,
                                    p.metaschedule_trials or sp.trials_per_workload, free_on, progress=False)
     measurer.checker.close()
@@ -505,12 +649,13 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool) -> d
 
 
 def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labels: list[str], free_on: bool,
-                        progress: bool) -> tuple[dict, dict | None]:
+                        progress: bool, extra: list = ()) -> tuple[dict, dict | None]:
     """evaluate_tasks with one Dask job per task (`evaluate.cluster`: "local" or a scheduler's
     address); the tasks get MetaSchedule's results and refinement prompts back from the jobs.
     A job whose worker is lost runs again on another worker."""
     bar = tqdm(total=len(tasks), desc="evaluate tasks", unit="task", disable=not progress)
-    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on) for t in tasks],
+    extra_json = [e.to_json() for e in extra]
+    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on, extra_json) for t in tasks],
                        address=p.cluster, workers=p.cluster_workers, on_result=lambda _: bar.update(1))
     bar.close()
     by_key = {d["key"]: d for d in done}
@@ -544,7 +689,7 @@ def _settings(params_path: str):
     return p, sp, g, target_spec, make_target(target_spec)
 
 
-def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
+def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None) -> dict:
     p, sp, g, target_spec, target = _settings(params_path)
     labels = [label for label, d in p.models.items() if Path(d).exists()]
     if p.candidate not in labels:
@@ -552,12 +697,21 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     trials = p.metaschedule_trials or sp.trials_per_workload
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
-    tasks = make_tasks(p, measurer.specs, target)
+    extra = catalog_specs(p, sp, params_path, measurer.specs, target)
+    tasks = make_tasks(p, measurer.specs, target, extra)
     free_on = g.guided and p.free_sampling
     if p.cluster:
-        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress)
+        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress, extra)
     else:
-        results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress)
+        deadline = time.time() + stop_after if stop_after else None
+        results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress, deadline)
+    left = missing(tasks, results, free)
+    if left:
+        where = f"; finished tasks are kept in {p.archive_dir}" if p.archive_dir else " (set evaluate.archive_dir to keep them)"
+        print(f"evaluate: stopped after {time.perf_counter() - start:.0f} s with work left ("
+              + ", ".join(f"{k}: {len(v)} of {len(tasks)} tasks" for k, v in left.items())
+              + f"){where}; run it again to continue")
+        return {"incomplete": left}
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
     for label, m in per_model.items():
         m["gate"] = gate(m, p.gates)
@@ -573,6 +727,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     cand = per_model[p.candidate]
     metrics = {"candidate": p.candidate, "attempts": p.attempts, "metaschedule_trials": trials,
                "tasks": {"test": sum(t.source == "test" for t in tasks),
+                         "catalog": sum(t.source == "catalog" for t in tasks),
                          "te_workload": sum(t.source == "te_workload" for t in tasks)},
                **{k: cand[k] for k in ("construction", "refinement", "vs_metaschedule")},
                "gate": cand["gate"], "gates": p.gates, "decoding": cand["decoding"],

@@ -1,0 +1,71 @@
+"""Held-out catalog workloads for the evaluation: kernels no stage ever trains on.
+
+The corpus takes a prefix of the catalog in its own shuffled order (`catalog(corpus.seed + 1)`,
+as many eligible workloads as its largest target asks for), and the search takes a round-robin
+slice of another order. The evaluation's catalog workloads come from the *end* of the corpus's
+order, where its prefix cannot reach (every chosen one sits past `prefix + held-out count`, so
+even a corpus that skipped every te_workload kernel before it stops short of them), are not
+search workloads, are within the search's size limits and families (so the GPU can time them
+like the campaign's), and have a design space for the target (the model writes from it).
+Families are taken round-robin, so a small number covers them all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from pipeline.workloads import Spec
+
+
+class HeldOutError(ValueError):
+    """Not enough catalog workloads satisfy the held-out rules."""
+
+
+def catalog_workloads(n: int, corpus_seed: int, corpus_prefix: int, families: list[str], max_mflop: float,
+                      max_elements: int, exclude_ids: set[str], target) -> list[Spec]:
+    """`n` held-out catalog workloads (see the module docstring), in a fixed order."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from pipeline.measure import arg_specs
+    from pipeline.space import SpaceError, sample_many
+    from pipeline.tvm_env import structural_hash
+    from pipeline.workloads import build, catalog, held_out_hashes
+
+    if n <= 0:
+        return []
+    order = catalog(corpus_seed + 1)
+    held = held_out_hashes()
+    reach = corpus_prefix + len(held)          # the corpus never takes a workload at or past this index
+    by_family: dict[str, list[Spec]] = defaultdict(list)
+    for i in range(len(order) - 1, reach - 1, -1):
+        spec = order[i]
+        if spec.family in families and spec.id not in exclude_ids:
+            by_family[spec.family].append(spec)
+    queues = [by_family[f] for f in families if by_family[f]]
+    chosen: list[Spec] = []
+    while queues and len(chosen) < n:
+        for q in list(queues):
+            while q:
+                spec = q.pop(0)
+                mod = build(spec)
+                if (estimate_tir_flops(mod) > max_mflop * 1e6
+                        or sum(math.prod(shape) for shape, _ in arg_specs(mod)) > max_elements
+                        or structural_hash(mod) in held):
+                    continue
+                try:
+                    has_space = bool(sample_many(mod, target, 1, seed=0))
+                except SpaceError:
+                    has_space = False
+                if not has_space:
+                    continue
+                chosen.append(spec)
+                break
+            if not q:
+                queues.remove(q)
+            if len(chosen) == n:
+                break
+    if len(chosen) < n:
+        raise HeldOutError(f"only {len(chosen)} catalog workloads past the corpus's reach fit the held-out rules; "
+                           f"asked for {n} (lower evaluate.catalog_workloads or corpus sizes)")
+    return chosen

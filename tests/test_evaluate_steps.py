@@ -1,0 +1,51 @@
+"""An evaluation in steps (the GPU profile on a lent machine): `stop_after` ends a step with
+work left, finished tasks are kept in `archive_dir` and reused by the next step, even on a
+fresh machine (the work folder gone); held-out catalog workloads join the tasks."""
+
+import json
+import shutil
+from pathlib import Path
+
+from helpers import SPEC, eval_params
+
+
+def _setup(tmp_path, cpu_target) -> Path:
+    return eval_params(tmp_path, cpu_target,
+                       search=dict(families=["softmax", "layer_norm"], max_mflop=2, max_elements=200_000,
+                                   population_size=64, genetic_num_iters=1),
+                       te_suite=[], te_timed=[], attempts=2, metaschedule_trials=4, catalog_workloads=1,
+                       refinement_prompts=2, archive_dir=str(tmp_path / "kept"),
+                       metrics=str(tmp_path / "metrics.json"), report=str(tmp_path / "evaluation.md"))
+
+
+def test_an_evaluation_in_steps_reuses_what_it_kept(tmp_path, cpu_target):
+    import time
+
+    from pipeline.stages import evaluate as ev
+
+    params = _setup(tmp_path, cpu_target)
+    t0 = time.perf_counter()
+    first = ev.main(str(params), progress=False, stop_after=1.0)        # one MetaSchedule run, then out of time
+    assert len(first["incomplete"]["metaschedule"]) == 1                # the catalog task's run is left
+    assert not (tmp_path / "metrics.json").exists()
+    kept = [p.name for p in (tmp_path / "kept" / "metaschedule").glob("*.tar.xz")]
+    assert kept == [f"{ev._dirname(SPEC.id)}.tar.xz"]                    # the test task's run, kept
+    summary = json.loads((tmp_path / "evaluate" / ev._dirname(SPEC.id) / "summary.json").read_text())
+
+    shutil.rmtree(tmp_path / "evaluate")                                # a fresh machine: only the kept files
+    second = ev.main(str(params), progress=False)
+    assert "incomplete" not in second, second
+    assert second["tasks"] == {"test": 1, "catalog": 1, "te_workload": 0}
+    again = json.loads((tmp_path / "evaluate" / ev._dirname(SPEC.id) / "summary.json").read_text())
+    assert again["seconds"] == summary["seconds"]                       # read back, not tuned again
+    catalog_key = first["incomplete"]["metaschedule"][0]
+    assert catalog_key != SPEC.id and not catalog_key.startswith("te:")
+    cached = json.loads((tmp_path / "kept" / "tasks" / f"{catalog_key}.json").read_text())
+    assert len(cached["metaschedule"]["outcomes"]) == 4
+    assert any(k.startswith("model:rl:guided") for k in cached)
+
+    t1 = time.perf_counter()
+    third = ev.main(str(params), progress=False)                        # everything kept: the same figures
+    print(f"steps 1+2: {t1 - t0:.0f} s, step 3 (all kept): {time.perf_counter() - t1:.0f} s")
+    assert third["construction"] == second["construction"] and third["refinement"] == second["refinement"]
+    assert third["samples"] == second["samples"]
