@@ -25,6 +25,7 @@ repro: setup
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadfile -q
+	$(PY) -m pytest -n 2 --dist loadfile -q -m slow
 	$(PY) -m pytest -q -m integration
 
 test-all: setup

@@ -52,6 +52,7 @@ def _sft(tmp_path: Path, name: str, processes: int, config: str | None = None, l
     return json.loads((work / "sft.json").read_text())
 
 
+@pytest.mark.slow
 def test_sft_on_two_processes_matches_one(tmp_path):
     one, two = _sft(tmp_path, "one", 1), _sft(tmp_path, "two", 2)
     assert one["processes"] == 1 and two["processes"] == 2
@@ -88,6 +89,7 @@ if distributed.is_main():
 """
 
 
+@pytest.mark.slow
 def test_grpo_on_two_processes_gathers_every_rollout(tmp_path, cpu_target):
     """GRPO under the launcher: each process writes and measures its share of a step's
     completions; the main process sees all of them."""

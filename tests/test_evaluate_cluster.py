@@ -3,9 +3,12 @@ the evaluation in one process, and hands MetaSchedule's results back to the task
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers import SPEC, eval_params
+
+pytestmark = pytest.mark.slow      # multi-minute, run by `make test`'s second phase (-m slow)
 
 
 def _setup(tmp_path, cpu_target) -> Path:

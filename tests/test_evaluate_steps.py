@@ -6,7 +6,11 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from helpers import SPEC, eval_params
+
+pytestmark = pytest.mark.slow      # multi-minute, run by `make test`'s second phase (-m slow)
 
 
 def _setup(tmp_path, cpu_target) -> Path:
