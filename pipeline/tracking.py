@@ -87,7 +87,8 @@ def sync() -> list[tuple[str, str]]:
     """Log every kept run to the tracking store, oldest first; each folder is removed once logged.
     Returns (folder name, run id) pairs."""
     done = []
-    for folder in sorted(d for d in PENDING.glob("*") if d.is_dir() and not d.name.startswith(".")) if PENDING.is_dir() else []:
+    kept = sorted(d for d in PENDING.glob("*") if d.is_dir() and not d.name.startswith("."))   # none if no folder
+    for folder in kept:
         run = json.loads((folder / "run.json").read_text())
         mlflow = setup()
         with mlflow.start_run(run_name=run["run_name"]) as active:

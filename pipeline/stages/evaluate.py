@@ -236,21 +236,21 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
             t.ms_outcomes = [timed.get(s) if s is not None else Outcome("decode", "trace did not encode")
                              for s in tuned.scripts]
             _cache_update(p, t.key, "metaschedule", {"key": ms_key, "outcomes": [_json(o) for o in t.ms_outcomes]})
-        if t.source == "te_workload":   # the "somewhat optimized" script to refine: MS's best of its first K
-            best = _best(t.ms_outcomes[: p.attempts])
-            if best is not None:
-                script = t.ms_scripts[t.ms_outcomes.index(best)]
-                t.refinements = [(refinement_prompt(describe(t.mod), target.kind.name, script, best.speedup or 1.0),
-                                  script)]
-        elif t.source == "catalog":     # its refinement prompts: MS's distinct correct scripts of its first K, best first
-            first = [(o, s) for o, s in zip(t.ms_outcomes[: p.attempts], t.ms_scripts) if o is not None and o.correct]
-            seen: set = set()
-            for o, script in sorted(first, key=lambda x: x[0].latency_s or math.inf):
-                if script not in seen and len(t.refinements) < p.refinement_prompts:
-                    seen.add(script)
-                    t.refinements.append((refinement_prompt(describe(t.mod), target.kind.name, script,
-                                                            o.speedup or 1.0), script))
+        if t.source in ("te_workload", "catalog"):   # no dataset prompts: refine MetaSchedule's own candidates
+            t.refinements = _ms_refinements(t, target, p.attempts,
+                                            1 if t.source == "te_workload" else p.refinement_prompts)
 
+
+def _ms_refinements(t: Task, target, k: int, n: int) -> list[tuple[str, str]]:
+    """The "somewhat optimized" scripts to refine: MetaSchedule's `n` fastest distinct correct
+    candidates among its first `k`, as refinement prompts carrying their measured speedup."""
+    ranked = sorted(((o, s) for o, s in zip(t.ms_outcomes[:k], t.ms_scripts) if o is not None and o.correct and o.latency_s),
+                    key=lambda x: x[0].latency_s)
+    out: list[tuple[str, str]] = []
+    for o, script in ranked:
+        if len(out) < n and all(script != s for _, s in out):
+            out.append((refinement_prompt(describe(t.mod), target.kind.name, script, o.speedup or 1.0), script))
+    return out
 
 def _dirname(key: str) -> str:
     return key.replace(":", "_")
