@@ -31,6 +31,16 @@ def _catalog(args) -> int:
     return 0
 
 
+def _part(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        i, n = -1, 0
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a part I/N with 0 <= I < N")
+    return i, n
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -97,7 +107,8 @@ def _rl(args) -> int:
 def _evaluate(args) -> int:
     from pipeline.stages import evaluate
 
-    metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after)
+    metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after, part=args.part,
+                            metaschedule_only=args.metaschedule_only)
     if "incomplete" in metrics:
         return 0 if not args.fail_on_gate else 1
     return 0 if metrics["gate"]["passed"] or not args.fail_on_gate else 1
@@ -261,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-on-gate", action="store_true", help="exit 1 when the candidate fails a gate")
     p.add_argument("--stop-after", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="start no new task after SECONDS (an evaluation in steps; keep results with evaluate.archive_dir)")
+    p.add_argument("--part", type=_part, default=None, metavar="I/N",
+                   help="only every N-th task from the I-th (one process per GPU; results kept in evaluate.archive_dir)")
+    p.add_argument("--metaschedule-only", action="store_true",
+                   help="run the MetaSchedule baseline phase alone and keep it in evaluate.archive_dir (no model needed)")
     p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("pull", help="fetch the champion model from the MLflow registry")

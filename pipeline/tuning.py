@@ -190,7 +190,9 @@ def make_runner(sp):
         host, _, port = sp.rpc_tracker.rpartition(":")
         return ms.runner.RPCRunner(
             rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=sp.rpc_key,
-                                           session_timeout_sec=sp.run_timeout_s),
+                                           # a server started with --no-fork spawns each session: interpreter,
+                                           # TVM import and CUDA context take ~25 s on the H200 host before the run
+                                           session_timeout_sec=sp.run_timeout_s + 60),
             evaluator_config=evaluator, max_workers=sp.rpc_workers, initializer=worker_init)
     return ms.runner.LocalRunner(timeout_sec=sp.run_timeout_s, initializer=worker_init, evaluator_config=evaluator)
 

@@ -53,3 +53,28 @@ def test_an_evaluation_in_steps_reuses_what_it_kept(tmp_path, cpu_target):
     print(f"steps 1+2: {t1 - t0:.0f} s, step 3 (all kept): {time.perf_counter() - t1:.0f} s")
     assert third["construction"] == second["construction"] and third["refinement"] == second["refinement"]
     assert third["samples"] == second["samples"]
+
+
+def test_the_metaschedule_phase_runs_in_parts_without_a_model(tmp_path, cpu_target):
+    """One process per GPU: `part` splits the tasks, `metaschedule_only` needs no model, and
+    both keep their runs in the shared archive for the full evaluation."""
+    import yaml
+
+    from pipeline.stages import evaluate as ev
+
+    params = _setup(tmp_path, cpu_target)
+    raw = yaml.safe_load(params.read_text())
+    raw["evaluate"]["models"] = {"sft": str(tmp_path / "absent-sft"), "rl": str(tmp_path / "absent-rl")}
+    params.write_text(yaml.safe_dump(raw))
+    first = ev.main(str(params), progress=False, part=(0, 2), metaschedule_only=True)
+    second = ev.main(str(params), progress=False, part=(1, 2), metaschedule_only=True)
+    assert first == {"incomplete": {}, "tasks": [SPEC.id]}               # the test task; the catalog task is part 1
+    assert len(second["tasks"]) == 1 and second["tasks"][0] != SPEC.id
+    kept = sorted(p.name for p in (tmp_path / "kept" / "metaschedule").glob("*.tar.xz"))
+    assert kept == sorted(f"{ev._dirname(k)}.tar.xz" for k in first["tasks"] + second["tasks"])
+    for key in first["tasks"] + second["tasks"]:
+        cached = json.loads((tmp_path / "kept" / "tasks" / f"{ev._dirname(key)}.json").read_text())
+        assert len(cached["metaschedule"]["outcomes"]) == 4 and not any(k.startswith("model:") for k in cached)
+    assert not (tmp_path / "metrics.json").exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):     # the full evaluation needs the model
+        ev.main(str(params), progress=False)

@@ -600,14 +600,14 @@ def write_markdown(metrics: dict, path: str) -> None:
 
 def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measurer: Measurer, sp, target,
                    trials: int, free_on: bool, progress: bool, deadline: float | None = None) -> tuple[dict, dict | None]:
-    """MetaSchedule, then every model, on `tasks` in this process with one checker:
-    (results per model label, the candidate's free-sampling results or None). Past `deadline`
-    no new task is started: the results then lack some tasks (see `missing`)."""
+    """MetaSchedule, then every model in `labels` (none: MetaSchedule only), on `tasks` in this
+    process with one checker: (results per model label, the candidate's free-sampling results or
+    None). Past `deadline` no new task is started: the results then lack some tasks (see `missing`)."""
     for t in tasks:
         measurer.add(t.key, t.mod)
     run_metaschedule(p, tasks, measurer, sp, target, trials, progress, deadline)
-    if any(t.timed and not t.ms_scripts for t in tasks):
-        return {label: {} for label in labels}, ({} if free_on else None)
+    if not labels or any(t.timed and not t.ms_scripts for t in tasks):
+        return {label: {} for label in labels}, ({} if free_on and labels else None)
     sampled_refinements(tasks, measurer, target, p.seed)
     results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress, p, deadline)
                for label in labels}
@@ -689,29 +689,44 @@ def _settings(params_path: str):
     return p, sp, g, target_spec, make_target(target_spec)
 
 
-def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None) -> dict:
+def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
+         part: tuple[int, int] | None = None, metaschedule_only: bool = False) -> dict:
+    """The whole gated evaluation. In steps (`evaluate.archive_dir`): `stop_after` starts no new
+    task after that many seconds; `part` = (i, n) evaluates only every n-th task from the i-th
+    (one process per GPU, sharing the archive); `metaschedule_only` runs the baseline phase alone
+    (no model needed). Metrics, report and registry come only from a run over every task."""
     p, sp, g, target_spec, target = _settings(params_path)
-    labels = [label for label, d in p.models.items() if Path(d).exists()]
-    if p.candidate not in labels:
+    labels = [] if metaschedule_only else [label for label, d in p.models.items() if Path(d).exists()]
+    if not metaschedule_only and p.candidate not in labels:
         raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")
+    if (part or metaschedule_only) and not p.archive_dir:
+        raise ValueError("evaluate --part / --metaschedule-only keep their work in evaluate.archive_dir: set it")
     trials = p.metaschedule_trials or sp.trials_per_workload
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     extra = catalog_specs(p, sp, params_path, measurer.specs, target)
     tasks = make_tasks(p, measurer.specs, target, extra)
-    free_on = g.guided and p.free_sampling
+    if part:
+        tasks = tasks[part[0]::part[1]]
+    free_on = g.guided and p.free_sampling and bool(labels)
     if p.cluster:
         results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress, extra)
     else:
         deadline = time.time() + stop_after if stop_after else None
         results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress, deadline)
     left = missing(tasks, results, free)
+    scope = f"part {part[0]}/{part[1]}: " if part else ""
     if left:
-        where = f"; finished tasks are kept in {p.archive_dir}" if p.archive_dir else " (set evaluate.archive_dir to keep them)"
-        print(f"evaluate: stopped after {time.perf_counter() - start:.0f} s with work left ("
+        print(f"evaluate: {scope}stopped after {time.perf_counter() - start:.0f} s with work left ("
               + ", ".join(f"{k}: {len(v)} of {len(tasks)} tasks" for k, v in left.items())
-              + f"){where}; run it again to continue")
+              + f"); finished tasks are kept in {p.archive_dir or '(nowhere: set evaluate.archive_dir)'}; "
+              "run it again to continue")
         return {"incomplete": left}
+    if part or metaschedule_only:
+        done = "MetaSchedule" if metaschedule_only else "every model"
+        print(f"evaluate: {scope}{done} done on its {len(tasks)} tasks in {time.perf_counter() - start:.0f} s "
+              f"(kept in {p.archive_dir}); run `evaluate` over all tasks for the metrics")
+        return {"incomplete": {}, "tasks": [t.key for t in tasks]}
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
     for label, m in per_model.items():
         m["gate"] = gate(m, p.gates)

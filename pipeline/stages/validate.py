@@ -173,7 +173,9 @@ def main(params_path: str = "params.yaml") -> dict:
     df = add_derived_columns(load_examples(p.dataset_dir), raw["search"]["target"], specs, p.roundtrip_sample)
     described = run_validation(df, p, float(raw["data"]["min_speedup"]))
     bad = failures(described)
+    checked = min(p.roundtrip_sample, len(df)) if p.roundtrip_sample else len(df)
     report = {"success": not bad, "examples": len(df), "failed_expectations": bad,
+              "roundtrip": {"checked": checked, "sampled": checked < len(df)},   # decode + re-encode per script
               "statistics": described.get("validation_results", [{}])[0].get("statistics")}
     files.write_json(p.report, report)
     if bad:
