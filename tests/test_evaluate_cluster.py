@@ -43,3 +43,24 @@ def test_evaluation_on_dask_matches_one_process(tmp_path, cpu_target):
         assert [o.stage for o in ra["construction"]] == [o.stage for o in rb["construction"]]
         assert len(a.ms_outcomes) == len(b.ms_outcomes) and [q for q, _ in a.refinements] == [q for q, _ in b.refinements]
     assert len(there[0].ms_outcomes) == 4 and there[0].ms_seconds > 0      # MetaSchedule's run came back
+
+
+def test_a_cluster_evaluation_past_its_stop_after_leaves_its_tasks(tmp_path, cpu_target):
+    """--stop-after with evaluate.cluster: jobs that start past the deadline leave their tasks,
+    which `missing` then lists for the next step."""
+    import dataclasses
+    import time
+
+    from pipeline import params as P, records
+    from pipeline.reward import Measurer
+    from pipeline.stages import evaluate as ev
+
+    path = _setup(tmp_path, cpu_target)
+    p = P.load("evaluate", ev.EvalParams, str(path))
+    raw = yaml.safe_load(path.read_text())
+    measurer = Measurer(records.workload_entries(raw["search"]["work_dir"]), raw["search"]["target"], p.timeout_s, 1)
+    tasks = ev.make_tasks(p, measurer.specs, cpu_target)
+    results, _ = ev.evaluate_on_cluster(str(path), dataclasses.replace(p, cluster="local"), tasks, ["rl"], False,
+                                        progress=False, deadline=time.time() - 1)
+    assert results == {"rl": {}} and not any(t.ms_scripts for t in tasks)
+    assert ev.missing(tasks, results, None) == {"metaschedule": [SPEC.id], "rl": [SPEC.id, "te:SFM:0"]}

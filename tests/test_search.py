@@ -319,3 +319,17 @@ def test_search_on_a_dask_cluster_survives_a_lost_worker(tmp_path):
         assert len(lines) == len(set(lines)) == 8, shard_dir
     summary = run_search(p, progress=False)             # nothing left to measure
     assert summary["this_run"]["measured"] == 0 and summary["trials"] == 16
+
+
+def test_a_cluster_search_past_its_stop_after_leaves_its_shards(tmp_path):
+    """--stop-after on a Dask cluster: a job that starts past the deadline measures nothing and
+    says so; the shards stay for the next run."""
+    from pipeline.stages import search
+
+    p = _params(tmp_path, num_workloads=2, shard_size=1, trials_per_workload=8, trials_per_iter=4,
+                cluster="local", cluster_workers=2, builder_workers=1)
+    summary = run_search(p, progress=False, stop_after=1e-6)
+    parts = summary["this_run"]["parts"]
+    assert sorted(r["shard"] for r in parts) == ["shard-0000", "shard-0001"]
+    assert all(r["skipped"] == "past --stop-after" for r in parts)
+    assert summary["this_run"]["measured"] == 0 and summary["this_run"]["remaining_trials"] == 16

@@ -630,9 +630,13 @@ def missing(tasks: list[Task], results: dict, free: dict | None) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
-def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extra: list | None = None) -> dict:
+def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extra: list | None = None,
+              deadline: float | None = None) -> dict:
     """One task on a Dask worker: the whole in-process evaluation of that task (its own
-    checker: MetaSchedule's candidates and every model's are timed by the same one)."""
+    checker: MetaSchedule's candidates and every model's are timed by the same one). A job
+    that starts past `deadline` (--stop-after, by the worker's clock) leaves its task."""
+    if deadline is not None and time.time() > deadline:
+        return {"key": key, "skipped": True}
     p, sp, g, target_spec, target = _settings(params_path)
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     from pipeline.workloads import Spec
@@ -649,13 +653,13 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extr
 
 
 def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labels: list[str], free_on: bool,
-                        progress: bool, extra: list = ()) -> tuple[dict, dict | None]:
+                        progress: bool, extra: list = (), deadline: float | None = None) -> tuple[dict, dict | None]:
     """evaluate_tasks with one Dask job per task (`evaluate.cluster`: "local" or a scheduler's
     address); the tasks get MetaSchedule's results and refinement prompts back from the jobs.
     A job whose worker is lost runs again on another worker."""
     bar = tqdm(total=len(tasks), desc="evaluate tasks", unit="task", disable=not progress)
     extra_json = [e.to_json() for e in extra]
-    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on, extra_json) for t in tasks],
+    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on, extra_json, deadline) for t in tasks],
                        address=p.cluster, workers=p.cluster_workers, on_result=lambda _: bar.update(1))
     bar.close()
     by_key = {d["key"]: d for d in done}
@@ -663,6 +667,8 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
     free: dict | None = {} if free_on else None
     for t in tasks:
         d = by_key[t.key]
+        if d.get("skipped"):        # left for the next step: `missing` lists it
+            continue
         t.ms_scripts, t.ms_outcomes, t.ms_seconds, t.refinements = (d["ms_scripts"], d["ms_outcomes"],
                                                                    d["ms_seconds"], d["refinements"])
         for label in labels:
@@ -709,10 +715,10 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     if part:
         tasks = tasks[part[0]::part[1]]
     free_on = g.guided and p.free_sampling and bool(labels)
+    deadline = time.time() + stop_after if stop_after else None
     if p.cluster:
-        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress, extra)
+        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress, extra, deadline)
     else:
-        deadline = time.time() + stop_after if stop_after else None
         results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress, deadline)
     left = missing(tasks, results, free)
     scope = f"part {part[0]}/{part[1]}: " if part else ""

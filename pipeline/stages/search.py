@@ -369,7 +369,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     start = time.perf_counter()
     deadline = time.time() + stop_after if stop_after else None
     if p.cluster:
-        parts = run_on_cluster(p, plan, progress)
+        parts = run_on_cluster(p, plan, progress, deadline=deadline)
     elif len(p.devices) > 1:
         parts = _run_parts(p, plan, progress, deadline)
     else:
@@ -403,14 +403,16 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     return summary
 
 
-def run_on_cluster(p: SearchParams, plan, progress: bool = True, on_client=None) -> list[dict]:
+def run_on_cluster(p: SearchParams, plan, progress: bool = True, on_client=None,
+                   deadline: float | None = None) -> list[dict]:
     """Every shard with trials still to measure, as one job on the Dask cluster (`cluster`:
     "local" for a local cluster of `cluster_workers` processes, or a scheduler's address; the
     work folder must be shared). A job whose worker is lost runs again elsewhere and resumes
-    the shard's database: records measured before the loss are kept and not measured again."""
+    the shard's database: records measured before the loss are kept and not measured again.
+    A job that starts past `deadline` (--stop-after, by the worker's clock) leaves its shard."""
     from tqdm import tqdm
 
-    jobs = [(p, index, shard) for index, (shard_dir, shard, entries) in enumerate(plan)
+    jobs = [(p, index, shard, deadline) for index, (shard_dir, shard, entries) in enumerate(plan)
             if _pending(p, shard_dir, shard, entries)]
     bar = tqdm(total=len(jobs), desc="search shards", unit="shard", disable=not progress)
     out = cluster.run(_cluster_job, jobs, address=p.cluster, workers=p.cluster_workers,
@@ -419,7 +421,9 @@ def run_on_cluster(p: SearchParams, plan, progress: bool = True, on_client=None)
     return sorted(out, key=lambda r: r["shard"])
 
 
-def _cluster_job(p: SearchParams, index: int, shard: list[Spec]) -> dict:
+def _cluster_job(p: SearchParams, index: int, shard: list[Spec], deadline: float | None = None) -> dict:
+    if deadline is not None and time.time() > deadline:
+        return {"shard": f"shard-{index:04d}", "skipped": "past --stop-after"}
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     item = _plan_shard(p, shard, index)
     phases = _run_shards(p, [item], progress=False, part=f" dask{os.getpid()}")
