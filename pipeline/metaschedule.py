@@ -1,5 +1,6 @@
-"""MetaSchedule as the yardstick: tune one kernel in this run, with the search stage's
-settings, and return every measured candidate in measurement order with the wall time.
+"""MetaSchedule as the yardstick: tune one kernel (or a group of kernels in one run) in this
+run, with the search stage's settings, and return every measured candidate in measurement
+order with the wall time.
 
 The evaluation re-times the candidates with the same verifier and timer as the model's
 scripts (pipeline.verify), so the comparison never mixes two timers."""
@@ -22,20 +23,22 @@ class Tuned:
     trials: int
 
 
-def settings(target, trials: int, sp) -> dict:
-    """What a tuning run's result depends on (a finished run with the same ones is reused)."""
-    return {"target": str(target), "trials": trials, "trials_per_iter": min(sp.trials_per_iter, trials),
-            "population_size": sp.population_size, "genetic_num_iters": sp.genetic_num_iters,
-            "first_round": sp.first_round}
+def settings(target, trials: int, sp, group: int = 1) -> dict:
+    """What a tuning run's result depends on (a finished run with the same ones is reused).
+    `group`: up to how many kernels one MetaSchedule run tunes together (see `tune_group`)."""
+    out = {"target": str(target), "trials": trials, "trials_per_iter": min(sp.trials_per_iter, trials),
+           "population_size": sp.population_size, "genetic_num_iters": sp.genetic_num_iters,
+           "first_round": sp.first_round}
+    return {**out, "tasks_per_run": group} if group > 1 else out
 
 
-def finished(work_dir: Path, target, trials: int, sp) -> dict | None:
+def finished(work_dir: Path, target, trials: int, sp, group: int = 1) -> dict | None:
     """The summary of the run in `work_dir` if it finished with these settings, else None."""
     path = Path(work_dir) / "summary.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    if summary.get("settings") != settings(target, trials, sp):
+    if summary.get("settings") != settings(target, trials, sp, group):
         return None
     return summary
 
@@ -61,6 +64,70 @@ def tune(mod, target, trials: int, work_dir: Path, sp, name: str, strategy=None,
     summary = {"seconds": seconds, "trials": tuned.trials, "settings": settings(target, trials, sp)}
     (work_dir / "summary.json").write_text(json.dumps(summary))
     return tuned
+
+
+def tune_group(items: list[tuple[str, object, Path]], target, trials: int, sp, group: int,
+               reuse: bool = False) -> list[Tuned]:
+    """Tune up to `group` kernels (name, module, work folder) in one MetaSchedule run: round-robin
+    over the tasks with one cost model, as MetaSchedule's Relax integration tunes a network's
+    tasks, so one task's candidates are measured while the next one searches and builds. Each
+    kernel then gets its own database in its work folder, in measurement order, and a
+    `summary.json` whose `seconds` is the run's wall time shared equally among its kernels (the
+    whole run's in `group_run`). With `reuse`, kernels whose run finished with these settings are
+    read back and only the others are tuned."""
+    import tempfile
+
+    from pipeline.tvm_env import structural_hash
+
+    out: dict[str, Tuned] = {}
+    todo = []
+    for name, mod, work_dir in items:
+        done = finished(work_dir, target, trials, sp, group) if reuse else None
+        if done is not None:
+            out[name] = _read(mod, Path(work_dir), done["seconds"])
+        else:
+            todo.append((name, mod, Path(work_dir)))
+    hashes = [structural_hash(mod) for _, mod, _ in todo]
+    if len(set(hashes)) < len(hashes):
+        raise ValueError(f"tune_group: two of {[n for n, _, _ in todo]} are the same kernel; tune it once")
+    if todo:
+        parent = todo[0][2].parent
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=parent, prefix=".group-") as tmp:
+            start = time.perf_counter()
+            tuning.tune(sp, target, [(name, mod) for name, mod, _ in todo], Path(tmp), trials,
+                        min(sp.trials_per_iter, trials), logger="evaluate")
+            seconds = time.perf_counter() - start
+            for name, mod, work_dir in todo:
+                _split(Path(tmp), mod, work_dir)
+                out[name] = _read(mod, work_dir, seconds / len(todo))
+                summary = {"seconds": seconds / len(todo), "trials": out[name].trials,
+                           "settings": settings(target, trials, sp, group),
+                           "group_run": {"tasks": [n for n, _, _ in todo], "seconds": seconds}}
+                (work_dir / "summary.json").write_text(json.dumps(summary))
+    return [out[name] for name, _, _ in items]
+
+
+def _split(src: Path, mod, dst: Path) -> None:
+    """`mod`'s workload and tuning records from the database in `src` into a database of its own
+    in `dst` (records in measurement order)."""
+    from pipeline.tvm_env import structural_hash
+
+    key = structural_hash(mod)
+    index = records.workload_hashes(src).index(key)
+    workload = (src / "database_workload.json").read_text().splitlines()[index]
+    lines = []
+    with open(src / "database_tuning_record.json") as f:
+        for raw in f:
+            head, _, rest = raw.partition(",")     # '[<workload index>,<record>]': the record kept as written
+            if rest.endswith("\n") and head.lstrip("[ ").isdigit() and int(head.lstrip("[ ")) == index:
+                lines.append("[0," + rest)     # a torn last line (no newline) is left out
+    if dst.exists():
+        for old in dst.glob("database_*.json"):
+            old.unlink()
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "database_workload.json").write_text(workload + "\n")
+    (dst / "database_tuning_record.json").write_text("".join(lines))
 
 
 def _read(mod, work_dir: Path, seconds: float) -> Tuned:

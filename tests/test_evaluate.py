@@ -153,3 +153,37 @@ def test_load_kernel_reads_tvmscript(tmp_path):
     path = tmp_path / "k.tvm"
     path.write_text(build(SPEC).script())
     assert "main" in [g.name_hint for g in load_kernel(path).functions]
+
+
+def test_metaschedule_tunes_a_group_in_one_run_and_gives_each_kernel_its_database(tmp_path, cpu_target):
+    """evaluate.metaschedule_group: kernels tuned together in one MetaSchedule run, then each in
+    its own database (its records only, in measurement order) with its share of the wall time;
+    a finished group is read back, not tuned again."""
+    import json
+
+    from helpers import SPEC
+    from pipeline import metaschedule, records
+    from pipeline.params import from_dict
+    from pipeline.stages.search import SearchParams
+    from pipeline.tvm_env import structural_hash
+    from pipeline.workloads import Spec, build
+
+    sp = from_dict(SearchParams, dict(target={"kind": "llvm", "num-cores": 2}, families=["matmul"], num_workloads=1,
+                                      trials_per_workload=4, trials_per_iter=4, population_size=8,
+                                      genetic_num_iters=1, builder_workers=2, run_timeout_s=10, min_repeat_ms=5))
+    kernels = [("a", build(SPEC)), ("b", build(Spec("softmax", (8, 64), "float32")))]
+    items = [(name, mod, tmp_path / name) for name, mod in kernels]
+    runs = metaschedule.tune_group(items, cpu_target, 4, sp, group=2, reuse=True)
+    group_seconds = None
+    for (name, mod, work), tuned in zip(items, runs):
+        assert tuned.trials == len(tuned.scripts) == 4
+        assert records.workload_hashes(work) == [structural_hash(mod)]
+        assert [r.workload_hash for r in records.scan(work)] == [structural_hash(mod)] * 4
+        summary = json.loads((work / "summary.json").read_text())
+        assert summary["settings"]["tasks_per_run"] == 2 and summary["group_run"]["tasks"] == ["a", "b"]
+        group_seconds = summary["group_run"]["seconds"]
+        assert summary["seconds"] == pytest.approx(group_seconds / 2)
+    assert not list(tmp_path.glob(".group-*"))                        # the shared run's folder is gone
+    again = metaschedule.tune_group(items, cpu_target, 4, sp, group=2, reuse=True)
+    assert [t.scripts for t in again] == [t.scripts for t in runs] and again[0].seconds == runs[0].seconds
+    assert metaschedule.finished(tmp_path / "a", cpu_target, 4, sp) is None   # not a one-kernel run's settings

@@ -78,3 +78,26 @@ def test_the_metaschedule_phase_runs_in_parts_without_a_model(tmp_path, cpu_targ
     assert not (tmp_path / "metrics.json").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):     # the full evaluation needs the model
         ev.main(str(params), progress=False)
+
+
+def test_the_metaschedule_phase_tunes_tasks_in_groups(tmp_path, cpu_target):
+    """evaluate.metaschedule_group = 2: the test task and the catalog task in one MetaSchedule
+    run, each kept with its own database; the next step reads both back."""
+    import yaml
+
+    from pipeline.stages import evaluate as ev
+
+    params = _setup(tmp_path, cpu_target)
+    raw = yaml.safe_load(params.read_text())
+    raw["evaluate"]["metaschedule_group"] = 2
+    params.write_text(yaml.safe_dump(raw))
+    first = ev.main(str(params), progress=False, metaschedule_only=True)
+    keys = first["tasks"]
+    assert len(keys) == 2 and first["incomplete"] == {}
+    summaries = [json.loads((tmp_path / "evaluate" / ev._dirname(k) / "summary.json").read_text()) for k in keys]
+    assert all(s["group_run"]["tasks"] == keys and s["settings"]["tasks_per_run"] == 2 for s in summaries)
+    shutil.rmtree(tmp_path / "evaluate")                                # a fresh machine: only the kept files
+    again = ev.main(str(params), progress=False, metaschedule_only=True)
+    assert again == first
+    for k, s in zip(keys, summaries):
+        assert json.loads((tmp_path / "evaluate" / ev._dirname(k) / "summary.json").read_text()) == s

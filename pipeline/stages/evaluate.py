@@ -74,12 +74,16 @@ class EvalParams:
     pytorch_baseline: bool = False
     catalog_workloads: int = 0                # held-out catalog workloads as extra timed tasks (pipeline.heldout)
     archive_dir: str | None = None            # an evaluation in steps: finished task results kept here (git)
+    # up to this many tasks tuned together in one MetaSchedule run (round-robin, one cost model, as
+    # its Relax integration tunes a network; their wall time shared equally); Dask jobs tune one each
+    metaschedule_group: int = 1
     gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
 
     def __post_init__(self):
         P.require(self.candidate in self.models, f"evaluate.candidate {self.candidate!r} is not in evaluate.models")
         P.require(self.attempts >= 1, "evaluate.attempts must be >= 1")
         P.require(self.catalog_workloads >= 0, "evaluate.catalog_workloads must be >= 0")
+        P.require(self.metaschedule_group >= 1, "evaluate.metaschedule_group must be >= 1")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
         cluster.check_address(self.cluster, "evaluate.cluster")
         for item in self.te_suite:
@@ -209,36 +213,54 @@ def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> 
 
 def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool,
                      deadline: float | None = None) -> None:
-    """MetaSchedule on every timed task, its candidates re-timed by the evaluation's checker.
-    With `archive_dir`, a finished run and its re-timed candidates are kept and reused."""
+    """MetaSchedule on every timed task (`metaschedule_group` tasks to a run), its candidates
+    re-timed by the evaluation's checker. With `archive_dir`, a finished run and its re-timed
+    candidates are kept and reused. Past `deadline` no new run starts."""
     from pipeline import archive, metaschedule
 
-    for t in tqdm([t for t in tasks if t.timed], desc="metaschedule", disable=not progress):
-        if t.ms_scripts:
-            continue
+    todo = [t for t in tasks if t.timed and not t.ms_scripts]
+    kept = Path(p.archive_dir) / "metaschedule" if p.archive_dir else None
+    bar = tqdm(total=len(todo), desc="metaschedule", disable=not progress)
+    for i in range(0, len(todo), p.metaschedule_group):
         if deadline is not None and time.time() > deadline:
             break
-        work = Path(p.work_dir) / _dirname(t.key)
-        kept = Path(p.archive_dir) / "metaschedule" if p.archive_dir else None
+        group = todo[i:i + p.metaschedule_group]
+        works = [Path(p.work_dir) / _dirname(t.key) for t in group]
         if kept is not None:
-            archive.restore(work, kept)
-        tuned = metaschedule.tune(t.mod, target, trials, work, sp, t.key, reuse=kept is not None)
-        if kept is not None:
-            archive.save(work, kept)
-        t.ms_scripts, t.ms_seconds = tuned.scripts, tuned.seconds
-        cache = _cache_read(p, t.key)
-        ms_key = {**metaschedule.settings(target, trials, sp), "scripts": len(tuned.scripts)}
-        if cache.get("metaschedule", {}).get("key") == ms_key:
-            t.ms_outcomes = [_outcome(o) for o in cache["metaschedule"]["outcomes"]]
+            for work in works:
+                archive.restore(work, kept)
+        if p.metaschedule_group == 1:
+            runs = [metaschedule.tune(group[0].mod, target, trials, works[0], sp, group[0].key, reuse=kept is not None)]
         else:
-            pairs = [(t.key, s) for s in tuned.scripts if s is not None]
-            timed = dict(zip([s for _, s in pairs], measurer.measure(pairs)))
-            t.ms_outcomes = [timed.get(s) if s is not None else Outcome("decode", "trace did not encode")
-                             for s in tuned.scripts]
-            _cache_update(p, t.key, "metaschedule", {"key": ms_key, "outcomes": [_json(o) for o in t.ms_outcomes]})
-        if t.source in ("te_workload", "catalog"):   # no dataset prompts: refine MetaSchedule's own candidates
-            t.refinements = _ms_refinements(t, target, p.attempts,
-                                            1 if t.source == "te_workload" else p.refinement_prompts)
+            runs = metaschedule.tune_group([(t.key, t.mod, w) for t, w in zip(group, works)], target, trials, sp,
+                                           p.metaschedule_group, reuse=kept is not None)
+        for t, work, tuned in zip(group, works, runs):
+            if kept is not None:
+                archive.save(work, kept)
+            _retime(p, t, tuned, measurer, target, trials, sp)
+            bar.update(1)
+    bar.close()
+
+
+def _retime(p: EvalParams, t: Task, tuned, measurer: Measurer, target, trials: int, sp) -> None:
+    """A finished MetaSchedule run's candidates as the evaluation's checker sees them (kept in
+    the task's cache), and the refinement prompts taken from them."""
+    from pipeline import metaschedule
+
+    t.ms_scripts, t.ms_seconds = tuned.scripts, tuned.seconds
+    cache = _cache_read(p, t.key)
+    ms_key = {**metaschedule.settings(target, trials, sp, p.metaschedule_group), "scripts": len(tuned.scripts)}
+    if cache.get("metaschedule", {}).get("key") == ms_key:
+        t.ms_outcomes = [_outcome(o) for o in cache["metaschedule"]["outcomes"]]
+    else:
+        pairs = [(t.key, s) for s in tuned.scripts if s is not None]
+        timed = dict(zip([s for _, s in pairs], measurer.measure(pairs)))
+        t.ms_outcomes = [timed.get(s) if s is not None else Outcome("decode", "trace did not encode")
+                         for s in tuned.scripts]
+        _cache_update(p, t.key, "metaschedule", {"key": ms_key, "outcomes": [_json(o) for o in t.ms_outcomes]})
+    if t.source in ("te_workload", "catalog"):   # no dataset prompts: refine MetaSchedule's own candidates
+        t.refinements = _ms_refinements(t, target, p.attempts,
+                                        1 if t.source == "te_workload" else p.refinement_prompts)
 
 
 def _ms_refinements(t: Task, target, k: int, n: int) -> list[tuple[str, str]]:
@@ -638,6 +660,7 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extr
     if deadline is not None and time.time() > deadline:
         return {"key": key, "skipped": True}
     p, sp, g, target_spec, target = _settings(params_path)
+    p = replace(p, metaschedule_group=1)      # a job is one task
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     from pipeline.workloads import Spec
 
