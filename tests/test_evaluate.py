@@ -187,3 +187,42 @@ def test_metaschedule_tunes_a_group_in_one_run_and_gives_each_kernel_its_databas
     again = metaschedule.tune_group(items, cpu_target, 4, sp, group=2, reuse=True)
     assert [t.scripts for t in again] == [t.scripts for t in runs] and again[0].seconds == runs[0].seconds
     assert metaschedule.finished(tmp_path / "a", cpu_target, 4, sp) is None   # not a one-kernel run's settings
+
+
+def test_a_kernel_metaschedule_raises_on_costs_only_itself(tmp_path, cpu_target, monkeypatch):
+    """TVM's task scheduler raising in a group run: each task is tuned again alone; the one that
+    raises alone is done with its error (no candidates), kept, and not retried by the next step."""
+    from pipeline import metaschedule
+    from pipeline.metaschedule import Tuned
+    from pipeline.params import from_dict
+    from pipeline.reward import Measurer
+    from pipeline.stages.search import SearchParams
+    from pipeline.workloads import build
+
+    calls = []
+
+    def fake_group(items, target, trials, sp, group, reuse=False):
+        calls.append([name for name, _, _ in items])
+        if any(name == "bad" for name, _, _ in items):              # raises in any run it is part of
+            raise IndexError("Index 6 out of bounds 6")
+        return [Tuned([None], [None], 1.0, 1) for _ in items]
+
+    monkeypatch.setattr(metaschedule, "tune_group", fake_group)
+    p = from_dict(evaluate.EvalParams, dict(metaschedule_group=2, archive_dir=str(tmp_path / "kept"),
+                                            work_dir=str(tmp_path / "evaluate")))
+    sp = from_dict(SearchParams, dict(target={"kind": "llvm", "num-cores": 2}, families=["matmul"], num_workloads=1,
+                                      trials_per_workload=4, trials_per_iter=4))
+
+    def tasks():
+        return [evaluate.Task(k, "test", build(SPEC)) for k in ("good", "bad", "alone")]
+
+    first = tasks()
+    evaluate.run_metaschedule(p, first, Measurer({}, {"kind": "llvm", "num-cores": 2}), sp, cpu_target, 4, False)
+    assert calls == [["good", "bad"], ["good"], ["bad"], ["alone"]]
+    assert [(t.ms_done, t.ms_error) for t in first] == [(True, None), (True, "IndexError: Index 6 out of bounds 6"),
+                                                        (True, None)]
+    assert evaluate.missing(first, {}, None) == {}
+    calls.clear()
+    second = tasks()                                                   # the next step: "bad" is not tuned again
+    evaluate.run_metaschedule(p, second, Measurer({}, {"kind": "llvm", "num-cores": 2}), sp, cpu_target, 4, False)
+    assert calls == [["good", "alone"]] and second[1].ms_error == first[1].ms_error

@@ -102,6 +102,8 @@ class Task:
     ms_scripts: list = field(default_factory=list)
     ms_outcomes: list = field(default_factory=list)
     ms_seconds: float = 0.0
+    ms_done: bool = False                 # MetaSchedule finished on it (or raised: ms_error)
+    ms_error: str | None = None
 
 
 def geomean(xs) -> float | None:
@@ -218,7 +220,12 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
     candidates are kept and reused. Past `deadline` no new run starts."""
     from pipeline import archive, metaschedule
 
-    todo = [t for t in tasks if t.timed and not t.ms_scripts]
+    ms_settings = metaschedule.settings(target, trials, sp, p.metaschedule_group)
+    for t in tasks:                       # a task whose run raised in an earlier step is not retried
+        failed = _cache_read(p, t.key).get("metaschedule_failed")
+        if t.timed and not t.ms_done and failed and failed["key"] == ms_settings:
+            _ms_failed(p, t, failed["error"], ms_settings)
+    todo = [t for t in tasks if t.timed and not t.ms_done]
     kept = Path(p.archive_dir) / "metaschedule" if p.archive_dir else None
     bar = tqdm(total=len(todo), desc="metaschedule", disable=not progress)
     for i in range(0, len(todo), p.metaschedule_group):
@@ -229,17 +236,47 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
         if kept is not None:
             for work in works:
                 archive.restore(work, kept)
-        if p.metaschedule_group == 1:
-            runs = [metaschedule.tune(group[0].mod, target, trials, works[0], sp, group[0].key, reuse=kept is not None)]
-        else:
-            runs = metaschedule.tune_group([(t.key, t.mod, w) for t, w in zip(group, works)], target, trials, sp,
-                                           p.metaschedule_group, reuse=kept is not None)
-        for t, work, tuned in zip(group, works, runs):
-            if kept is not None:
-                archive.save(work, kept)
-            _retime(p, t, tuned, measurer, target, trials, sp)
+        for t, work, tuned in zip(group, works, _tune_safely(p, group, works, sp, target, trials, kept is not None)):
+            if isinstance(tuned, Exception):
+                _ms_failed(p, t, f"{type(tuned).__name__}: {str(tuned).strip()[-500:]}", ms_settings)
+            else:
+                if kept is not None:
+                    archive.save(work, kept)
+                _retime(p, t, tuned, measurer, target, trials, sp)
             bar.update(1)
     bar.close()
+
+
+def _tune_safely(p: EvalParams, group: list[Task], works: list[Path], sp, target, trials: int, reuse: bool) -> list:
+    """MetaSchedule on a group of tasks; if TVM raises (seen on the H200: `IndexError` inside its
+    task scheduler), each task again alone, so one bad kernel costs only itself: per task, its
+    run or the exception it raised."""
+    from pipeline import metaschedule
+
+    def tune(ts: list[Task], ws: list[Path]) -> list:
+        if p.metaschedule_group == 1:
+            return [metaschedule.tune(ts[0].mod, target, trials, ws[0], sp, ts[0].key, reuse=reuse)]
+        return metaschedule.tune_group([(t.key, t.mod, w) for t, w in zip(ts, ws)], target, trials, sp,
+                                       p.metaschedule_group, reuse=reuse)
+
+    try:
+        return tune(group, works)
+    except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
+        if len(group) == 1:
+            return [err]
+    out = []
+    for t, w in zip(group, works):
+        try:
+            out += tune([t], [w])
+        except Exception as err:   # noqa: BLE001
+            out.append(err)
+    return out
+
+
+def _ms_failed(p: EvalParams, t: Task, error: str, ms_settings: dict) -> None:
+    """MetaSchedule raised on this task: no candidates, the error kept (and not retried)."""
+    t.ms_scripts, t.ms_outcomes, t.ms_done, t.ms_error = [], [], True, error
+    _cache_update(p, t.key, "metaschedule_failed", {"key": ms_settings, "error": error})
 
 
 def _retime(p: EvalParams, t: Task, tuned, measurer: Measurer, target, trials: int, sp) -> None:
@@ -247,7 +284,7 @@ def _retime(p: EvalParams, t: Task, tuned, measurer: Measurer, target, trials: i
     the task's cache), and the refinement prompts taken from them."""
     from pipeline import metaschedule
 
-    t.ms_scripts, t.ms_seconds = tuned.scripts, tuned.seconds
+    t.ms_scripts, t.ms_seconds, t.ms_done = tuned.scripts, tuned.seconds, True
     cache = _cache_read(p, t.key)
     ms_key = {**metaschedule.settings(target, trials, sp, p.metaschedule_group), "scripts": len(tuned.scripts)}
     if cache.get("metaschedule", {}).get("key") == ms_key:
@@ -448,6 +485,7 @@ def model_metrics(res: dict, tasks: list[Task], K: int) -> dict:
                          "best_s": best.latency_s if best else None, "speedup": speedup,
                          "metaschedule_at_k_s": ms_k.latency_s if ms_k else None,
                          "metaschedule_full_s": ms_full.latency_s if ms_full else None,
+                         "metaschedule_error": t.ms_error,
                          "correct_attempts": sum(o.correct for o in r["construction"]),
                          "attempts": len(r["construction"]),
                          "refinement_correct": sum(o.correct for x in r["refinement"] for o in x["attempts"]),
@@ -628,7 +666,7 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
     for t in tasks:
         measurer.add(t.key, t.mod)
     run_metaschedule(p, tasks, measurer, sp, target, trials, progress, deadline)
-    if not labels or any(t.timed and not t.ms_scripts for t in tasks):
+    if not labels or any(t.timed and not t.ms_done for t in tasks):
         return {label: {} for label in labels}, ({} if free_on and labels else None)
     sampled_refinements(tasks, measurer, target, p.seed)
     results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress, p, deadline)
@@ -644,7 +682,7 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
 def missing(tasks: list[Task], results: dict, free: dict | None) -> dict:
     """What an evaluation stopped by its deadline has left: tasks without MetaSchedule, and per
     model label the tasks without results."""
-    out = {"metaschedule": [t.key for t in tasks if t.timed and not t.ms_scripts]}
+    out = {"metaschedule": [t.key for t in tasks if t.timed and not t.ms_done]}
     for label, res in {**results, **({"free": free} if free is not None else {})}.items():
         left = [t.key for t in tasks if t.key not in res]
         if left:
@@ -671,6 +709,7 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extr
                                    p.metaschedule_trials or sp.trials_per_workload, free_on, progress=False)
     measurer.checker.close()
     return {"key": key, "ms_scripts": task.ms_scripts, "ms_outcomes": task.ms_outcomes, "ms_seconds": task.ms_seconds,
+            "ms_done": task.ms_done, "ms_error": task.ms_error,
             "refinements": task.refinements, "results": {label: results[label][key] for label in labels},
             "free": free[key] if free else None}
 
@@ -694,6 +733,7 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
             continue
         t.ms_scripts, t.ms_outcomes, t.ms_seconds, t.refinements = (d["ms_scripts"], d["ms_outcomes"],
                                                                    d["ms_seconds"], d["refinements"])
+        t.ms_done, t.ms_error = d["ms_done"], d["ms_error"]
         for label in labels:
             results[label][t.key] = d["results"][label]
         if free is not None:
