@@ -125,16 +125,13 @@ def te_module(item: str):
     return tvm.IRModule({"main": te_workload.create_te_workload(name, int(idx))})
 
 
-def catalog_specs(p: EvalParams, sp, params_path: str, specs: dict, target) -> list:
-    """The held-out catalog workloads (pipeline.heldout: past the corpus's reach, not searched),
-    added to `specs` so the checker can build them."""
+def catalog_specs(p: EvalParams, sp, corpus: dict, specs: dict, target) -> list:
+    """The held-out catalog workloads (pipeline.heldout: past the reach of the corpus whose
+    params section is `corpus`, not searched), added to `specs` so the checker can build them."""
     if not p.catalog_workloads:
         return []
-    import yaml
-
     from pipeline import heldout
 
-    corpus = yaml.safe_load(Path(params_path).read_text()).get("corpus") or {}
     prefix = max((t["workloads"] for t in corpus.get("targets", [])), default=0)
     chosen = heldout.catalog_workloads(p.catalog_workloads, corpus.get("seed", 0), prefix, sp.families,
                                        sp.max_mflop, sp.max_elements, set(specs), target)
@@ -697,7 +694,7 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extr
     that starts past `deadline` (--stop-after, by the worker's clock) leaves its task."""
     if deadline is not None and time.time() > deadline:
         return {"key": key, "skipped": True}
-    p, sp, g, target_spec, target = _settings(params_path)
+    p, sp, g, target_spec, target, _ = _settings(params_path)
     p = replace(p, metaschedule_group=1)      # a job is one task
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     from pipeline.workloads import Spec
@@ -742,7 +739,8 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
 
 
 def _settings(params_path: str):
-    """(evaluate params, search params, generation params, target spec, target) from the file."""
+    """(evaluate params, search params, generation params, target spec, target, the corpus
+    section) from the file."""
     import yaml
 
     from pipeline.generate import GenerationParams
@@ -755,7 +753,7 @@ def _settings(params_path: str):
     g = P.from_dict(GenerationParams, {**raw.get("sft", {}).get("generation", {}), "attempts": p.attempts},
                     "sft.generation")
     target_spec = raw["search"]["target"]
-    return p, sp, g, target_spec, make_target(target_spec)
+    return p, sp, g, target_spec, make_target(target_spec), raw.get("corpus") or {}
 
 
 def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
@@ -764,7 +762,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     task after that many seconds; `part` = (i, n) evaluates only every n-th task from the i-th
     (one process per GPU, sharing the archive); `metaschedule_only` runs the baseline phase alone
     (no model needed). Metrics, report and registry come only from a run over every task."""
-    p, sp, g, target_spec, target = _settings(params_path)
+    p, sp, g, target_spec, target, corpus = _settings(params_path)
     labels = [] if metaschedule_only else [label for label, d in p.models.items() if Path(d).exists()]
     if not metaschedule_only and p.candidate not in labels:
         raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")
@@ -773,7 +771,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     trials = p.metaschedule_trials or sp.trials_per_workload
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
-    extra = catalog_specs(p, sp, params_path, measurer.specs, target)
+    extra = catalog_specs(p, sp, corpus, measurer.specs, target)
     tasks = make_tasks(p, measurer.specs, target, extra)
     if part:
         tasks = tasks[part[0]::part[1]]
