@@ -70,7 +70,8 @@ def tune_group(items: list[tuple[str, object, Path]], target, trials: int, sp, g
                reuse: bool = False) -> list[Tuned]:
     """Tune up to `group` kernels (name, module, work folder) in one MetaSchedule run: round-robin
     over the tasks with one cost model, as MetaSchedule's Relax integration tunes a network's
-    tasks, so one task's candidates are measured while the next one searches and builds. Each
+    tasks, so one task's candidates are measured while the next one searches and builds (with
+    `group` 1, one kernel alone under `tune`'s settings, so either reads the other's runs). Each
     kernel then gets its own database in its work folder, in measurement order, and a
     `summary.json` whose `seconds` is the run's wall time shared equally among its kernels (the
     whole run's in `group_run`). With `reuse`, kernels whose run finished with these settings are
@@ -120,7 +121,8 @@ def _split(src: Path, mod, dst: Path) -> None:
     with open(src / "database_tuning_record.json") as f:
         for raw in f:
             head, _, rest = raw.partition(",")     # '[<workload index>,<record>]': the record kept as written
-            if rest.endswith("\n") and head.lstrip("[ ").isdigit() and int(head.lstrip("[ ")) == index:
+            i = head.lstrip("[ ")
+            if rest.endswith("\n") and i.isdigit() and int(i) == index:
                 lines.append("[0," + rest)     # a torn last line (no newline) is left out
     if dst.exists():
         for old in dst.glob("database_*.json"):

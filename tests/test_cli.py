@@ -29,3 +29,9 @@ def test_invalid_params_exit_2(tmp_path, capsys):
 def test_missing_params_file_exit_2(tmp_path, capsys):
     assert main(["--params", str(tmp_path / "absent.yaml"), "search"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_an_evaluation_in_parts_without_an_archive_exits_2(capsys):
+    assert main(["--params", "params.yaml", "evaluate", "--metaschedule-only", "--part", "0/2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "evaluate.archive_dir" in err

@@ -251,8 +251,6 @@ def _tune_safely(p: EvalParams, group: list[Task], works: list[Path], sp, target
     from pipeline import metaschedule
 
     def tune(ts: list[Task], ws: list[Path]) -> list:
-        if p.metaschedule_group == 1:
-            return [metaschedule.tune(ts[0].mod, target, trials, ws[0], sp, ts[0].key, reuse=reuse)]
         return metaschedule.tune_group([(t.key, t.mod, w) for t, w in zip(ts, ws)], target, trials, sp,
                                        p.metaschedule_group, reuse=reuse)
 
@@ -767,7 +765,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     if not metaschedule_only and p.candidate not in labels:
         raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")
     if (part or metaschedule_only) and not p.archive_dir:
-        raise ValueError("evaluate --part / --metaschedule-only keep their work in evaluate.archive_dir: set it")
+        raise P.ParamsError("evaluate --part / --metaschedule-only keep their work in evaluate.archive_dir: set it")
     trials = p.metaschedule_trials or sp.trials_per_workload
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
