@@ -69,19 +69,47 @@ def build(mod: "tvm.IRModule", target: "tvm.target.Target"):
 
 
 def run(executable, target, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    dev = device_for(target)
-    tensors = [tvm.runtime.tensor(x, dev) for x in inputs]
+    dev, tensors = upload(inputs, target)
     executable.mod["main"](*tensors)
     dev.sync()
     return [t.numpy() for t in tensors]
 
 
+def upload(inputs: list[np.ndarray], target) -> tuple:
+    """(device, the inputs as tensors on it): one copy serves a run and its timing."""
+    dev = device_for(target)
+    return dev, [tvm.runtime.tensor(x, dev) for x in inputs]
+
+
 def time_executable(executable, target, inputs, number: int = 3, repeat: int = 5, min_repeat_ms: int = 20) -> float:
     """Median seconds per call, from TVM's time evaluator (warm-up included)."""
-    dev = device_for(target)
-    tensors = [tvm.runtime.tensor(x, dev) for x in inputs]
+    dev, tensors = upload(inputs, target)
+    return time_tensors(executable, dev, tensors, number, repeat, min_repeat_ms)
+
+
+def time_tensors(executable, dev, tensors, number: int = 3, repeat: int = 5, min_repeat_ms: int = 20) -> float:
+    """`time_executable` on arguments already on the device."""
     evaluator = executable.mod.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
     return float(np.median(evaluator(*tensors).results))
+
+
+def close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, chunk: int = 1 << 22) -> tuple[bool, float]:
+    """numpy's allclose(got, want, rtol, atol) with every element of `got` finite, and the
+    largest absolute error: in chunks, in float32 for float16/float32 outputs (the rounding of
+    one float32 subtraction is ~1e-7 relative, far below the tolerances), else in float64, so
+    a 10^8-element output costs neither seconds nor gigabytes of float64 copies."""
+    if got.shape != want.shape:
+        return False, float("nan")
+    wide = np.float32 if got.dtype in (np.float16, np.float32) and want.dtype in (np.float16, np.float32) else np.float64
+    g, w = got.reshape(-1), want.reshape(-1)
+    ok, worst = True, 0.0
+    for i in range(0, max(1, g.size), chunk):
+        a, b = g[i:i + chunk].astype(wide), w[i:i + chunk].astype(wide)
+        diff = np.abs(a - b)
+        if not np.isfinite(a).all() or not (diff <= atol + rtol * np.abs(b)).all():
+            ok = False
+        worst = max(worst, float(np.nanmax(diff))) if diff.size else worst
+    return ok, worst
 
 
 def measure_baseline(mod, target, number: int = 3, repeat: int = 5, min_repeat_ms: int = 20) -> Timing:

@@ -17,14 +17,15 @@ timeout or a worker crash is labelled with the phase it happened in; the worker 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from pipeline import codec
-from pipeline.measure import (TOLERANCES, baseline_module, build, device_available, random_inputs, run,
-                              short_error as _short, time_executable)
+from pipeline.measure import (TOLERANCES, baseline_module, build, close, device_available, random_inputs, run,
+                              short_error as _short, time_executable, time_tensors, upload)
 from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, structural_hash, tvm, worker_init
 
 STAGES = ("decode", "apply", "postproc", "build", "run", "numerics", "ok")
@@ -50,19 +51,67 @@ class Outcome:
         return asdict(self)
 
 
-# (workload hash, target, seed) -> (reference outputs, reference latency or None). Per process.
-_REFERENCE: dict[tuple, tuple[list[np.ndarray], float | None]] = {}
+class _Recent:
+    """A per-process cache of the most recently used workloads' entries: at most `items` of
+    them and `max_bytes` of arrays (the newest entry is always kept). RL batches come back to
+    the same few workloads; an evaluation moves through its tasks one after another."""
+
+    def __init__(self, items: int = 8, max_bytes: int = 1 << 30):
+        self.items, self.max_bytes = items, max_bytes
+        self._data: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        if key in self._data:
+            self._data.move_to_end(key)
+        return self._data.get(key)
+
+    def put(self, key, value):
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > 1 and (len(self._data) > self.items or self._bytes() > self.max_bytes):
+            self._data.popitem(last=False)
+        return value
+
+    def _bytes(self) -> int:
+        def size(v) -> int:
+            if isinstance(v, np.ndarray):
+                return v.nbytes
+            return sum(size(x) for x in v) if isinstance(v, (list, tuple)) else 0
+        return sum(size(v) for v in self._data.values())
+
+
+# Per process, for the recent workloads: their random inputs ((hash, seed) -> arrays), the
+# reference's executable ((hash, target) -> it) and its output and latency ((hash, target,
+# seed) -> ([output], seconds or None)).
+_INPUTS, _REFERENCE_BUILT, _REFERENCE = _Recent(), _Recent(), _Recent()
+
+
+def inputs_for(mod, seed: int = 0) -> list[np.ndarray]:
+    """measure.random_inputs, made once per workload and seed in this process (for a
+    10^8-element workload that is seconds a check; runs copy them to the device, never write them)."""
+    key = (structural_hash(mod), seed)
+    got = _INPUTS.get(key)
+    return got if got is not None else _INPUTS.put(key, random_inputs(mod, seed))
+
+
+def reference_build(mod, target):
+    """The reference kernel built, once per workload in this process."""
+    key = (structural_hash(mod), str(target))
+    got = _REFERENCE_BUILT.get(key)
+    return got if got is not None else _REFERENCE_BUILT.put(key, build(baseline_module(mod, target), target))
 
 
 def reference(mod, target, seed: int = 0, timed: bool = False) -> tuple[list[np.ndarray], float | None]:
+    """([the reference's output], its latency if `timed`); only the output (the last argument)
+    is kept: the comparison needs nothing else."""
     key = (structural_hash(mod), str(target), seed)
     cached = _REFERENCE.get(key)
     if cached is None or (timed and cached[1] is None):
-        inputs = random_inputs(mod, seed)
-        executable = build(baseline_module(mod, target), target)
-        outputs = run(executable, target, inputs)
+        inputs = inputs_for(mod, seed)
+        executable = reference_build(mod, target)
+        outputs = run(executable, target, inputs)[-1:]
         latency = time_executable(executable, target, inputs) if timed else None
-        cached = _REFERENCE[key] = (outputs, latency)
+        cached = _REFERENCE.put(key, (outputs, latency))
     return cached
 
 
@@ -110,25 +159,26 @@ def check_in_process(mod, text: str, target, seed: int = 0, timed: bool = False)
 def _run_built(mod, executable, target, seed: int, timed: bool) -> Outcome:
     if not device_available(target):
         return Outcome("run", f"no {target.kind.name} device here")
-    return _run_and_compare(mod, executable, target, random_inputs(mod, seed), seed, timed)
+    return _run_and_compare(mod, executable, target, inputs_for(mod, seed), seed, timed)
 
 
 def _run_and_compare(mod, executable, target, inputs, seed: int, timed: bool) -> Outcome:
     try:
-        outputs = run(executable, target, inputs)
-        want_all, baseline_s = reference(mod, target, seed, timed)
+        dev, tensors = upload(inputs, target)       # one copy for the run and the timing
+        executable.mod["main"](*tensors)
+        dev.sync()
+        got = tensors[-1].numpy()                   # the last argument is the output (TE create_prim_func order)
+        want, baseline_s = reference(mod, target, seed, timed)
     except TVM_ERRORS as err:
         return Outcome("run", _short(err))
-    # The last argument is the output (TE create_prim_func order).
-    got, want = outputs[-1].astype("float64"), want_all[-1].astype("float64")
-    rtol, atol = TOLERANCES.get(str(outputs[-1].dtype), TOLERANCES["float32"])
-    if not (np.isfinite(got).all() and np.allclose(got, want, rtol=rtol, atol=atol)):
-        err = float(np.nanmax(np.abs(got - want))) if got.shape == want.shape else float("nan")
+    rtol, atol = TOLERANCES.get(str(got.dtype), TOLERANCES["float32"])
+    ok, err = close(got, want[-1], rtol, atol)
+    if not ok:
         return Outcome("numerics", f"max abs error {err:.3g} (rtol {rtol}, atol {atol})")
     if not timed:
         return Outcome("ok")
     try:
-        return Outcome("ok", None, time_executable(executable, target, inputs), baseline_s)
+        return Outcome("ok", None, time_tensors(executable, dev, tensors), baseline_s)
     except TVM_ERRORS as err:
         return Outcome("run", _short(err))
 
@@ -141,14 +191,21 @@ def _worker_compile(mod_json: str, text: str, target_spec) -> dict:
     return compile_check(tvm.ir.load_json(mod_json), text, make_target(target_spec)).to_json()
 
 
-def _worker_build(mod_json: str, text: str, target_spec) -> dict | None:
-    """Build phase: None when the kernel is built (kept for `_worker_run`), else the Outcome."""
+def _worker_build(mod_json: str, text: str, target_spec, seed: int = 0) -> dict | None:
+    """Build phase: None when the kernel is built (kept for `_worker_run`), else the Outcome.
+    The reference's build and the random inputs are made here too (once per workload), in
+    parallel over the workers, not in the run phase where the workers take turns."""
     _BUILT.clear()
     mod, target = tvm.ir.load_json(mod_json), make_target(target_spec)
     executable, failed = _decode_and_build(mod, text, target)
     if failed is not None:
         return failed.to_json()
     _BUILT.update(mod=mod, target=target, executable=executable)
+    try:
+        reference_build(mod, target)
+        inputs_for(mod, seed)
+    except TVM_ERRORS:
+        pass        # the run phase needs the reference and reports its failure there
     return None
 
 
@@ -195,7 +252,7 @@ class Checker:
             return Outcome(phase, f"{type(err).__name__}: {_short(err)}")
 
     def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool) -> Outcome:
-        built = self.call("build", _worker_build, mod_json, text, target_spec)
+        built = self.call("build", _worker_build, mod_json, text, target_spec, seed)
         if isinstance(built, Outcome):
             return built
         if built is not None:

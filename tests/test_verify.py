@@ -63,3 +63,55 @@ def test_waiting_for_the_device_is_not_counted_in_the_timeout(matmul_mod, cpu_ta
         assert result["out"].stage == "ok"
     finally:
         checker.close()
+
+
+def test_the_chunked_comparison_agrees_with_numpy():
+    import numpy as np
+
+    from pipeline.measure import close
+
+    rng = np.random.default_rng(0)
+    want = rng.uniform(-1, 1, 1000).astype("float32")
+    cases = [want.copy(), want + 1e-4, want + 5e-3, want * 1.0005]
+    bad = want.copy()
+    bad[999] += 0.1                     # the last chunk's last element
+    cases.append(bad)
+    for poison in (np.nan, np.inf):
+        p = want.copy()
+        p[3] = poison
+        cases.append(p)
+    for got in cases:
+        expect = bool(np.isfinite(got).all() and np.allclose(got.astype("float64"), want.astype("float64"),
+                                                             rtol=1e-3, atol=2e-3))
+        assert close(got, want, 1e-3, 2e-3, chunk=7)[0] == expect
+    assert close(bad, want, 1e-3, 2e-3, chunk=7)[1] == pytest.approx(0.1, rel=1e-3)
+    half = want.astype("float16")
+    assert close(half, want.astype("float16"), 1e-2, 1e-2)[0]
+    assert not close(want[:10], want[:11], 1e-3, 2e-3)[0]      # a shape mismatch never passes
+
+
+def test_a_wrong_output_is_a_numerics_failure_and_not_timed(matmul_mod, cpu_target):
+    from pipeline import verify
+    from pipeline.measure import build, random_inputs
+
+    executable = build(matmul_mod, cpu_target)
+    right = verify._run_and_compare(matmul_mod, executable, cpu_target, random_inputs(matmul_mod, 0), 0, True)
+    assert right.correct and right.latency_s > 0 and right.baseline_s > 0
+    # other inputs than the reference's: the output differs, so the check stops at numerics
+    wrong = verify._run_and_compare(matmul_mod, executable, cpu_target, random_inputs(matmul_mod, 1), 0, True)
+    assert wrong.stage == "numerics" and wrong.latency_s is None and "max abs error" in wrong.error
+
+
+def test_the_per_process_cache_keeps_the_recent_workloads_within_its_bytes():
+    import numpy as np
+
+    from pipeline.verify import _Recent
+
+    cache = _Recent(items=2, max_bytes=1000)
+    cache.put("a", [np.zeros(50)])           # 400 bytes
+    cache.put("b", [np.zeros(50)])
+    assert cache.get("a") is not None        # a is now the most recent
+    cache.put("c", [np.zeros(50)])           # over 2 items: b, the least recent, goes
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+    cache.put("d", [np.zeros(200)])          # 1600 bytes alone: kept, everything older goes
+    assert cache.get("d") is not None and cache.get("a") is None and cache.get("c") is None

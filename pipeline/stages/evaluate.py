@@ -233,12 +233,15 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
         if kept is not None:
             for work in works:
                 archive.restore(work, kept)
-        for t, work, tuned in zip(group, works, _tune_safely(p, group, works, sp, target, trials, kept is not None)):
+        runs = _tune_safely(p, group, works, sp, target, trials, kept is not None)
+        if kept is not None:       # every finished run kept before any re-timing (which a stop may cut)
+            for work, tuned in zip(works, runs):
+                if not isinstance(tuned, Exception):
+                    archive.save(work, kept)
+        for t, tuned in zip(group, runs):
             if isinstance(tuned, Exception):
                 _ms_failed(p, t, f"{type(tuned).__name__}: {str(tuned).strip()[-500:]}", ms_settings)
             else:
-                if kept is not None:
-                    archive.save(work, kept)
                 _retime(p, t, tuned, measurer, target, trials, sp)
             bar.update(1)
     bar.close()
