@@ -250,9 +250,13 @@ def test_replay_first_round_then_evolutionary_search(tmp_path):
     assert log[0]["first_round"] == "replay" and log[0]["rounds"] == 2
 
 
-def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path):
+@pytest.mark.parametrize("server", ["tvm.exec.rpc_server", "pipeline.rpc_server"])
+def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path, server):
     """runner: rpc - TVM's own tracker and one CPU RPC server on 127.0.0.1 measure the
-    candidates (loopback; on a cluster the servers run on the GPU hosts)."""
+    candidates (loopback; on a cluster the servers run on the GPU hosts): TVM's server, and
+    pipeline.rpc_server (TVM's server whose session processes are spawned ahead, for GPUs)."""
+    import os
+    import signal
     import socket
     import subprocess
     import sys
@@ -261,16 +265,17 @@ def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**__import__("os").environ}
+    env = {**os.environ}
     tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                                "--port-end", str(port + 1)], env=env, stdout=open(tmp_path / "tracker.log", "w"), stderr=subprocess.STDOUT)
+                                "--port-end", str(port + 1)], env=env, stdout=open(tmp_path / "tracker.log", "w"),
+                               stderr=subprocess.STDOUT, start_new_session=True)
     server_log = tmp_path / "server.log"
-    server = None
+    proc = None
     try:
         time.sleep(2)
-        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([sys.executable, "-m", server, "--tracker", f"127.0.0.1:{port}",
                                    "--key", "test-cpu", "--host", "127.0.0.1"], env=env,
-                                  stdout=open(server_log, "w"), stderr=subprocess.STDOUT)
+                                  stdout=open(server_log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         from tvm import rpc
 
         deadline = time.time() + 60
@@ -287,10 +292,20 @@ def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path):
         assert summary["trials"] == 4 and summary["failed_trials"] == 0
         assert all(r["best_s"] > 0 for r in summary["per_workload"])
     finally:
-        for proc in (server, tracker):
-            if proc is not None:
-                proc.kill()
-                proc.wait()
+        for child in (proc, tracker):   # the whole group: TVM's servers listen in a child process
+            if child is not None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+
+
+def test_the_warm_rpc_server_refuses_bad_arguments(capsys):
+    from pipeline import rpc_server
+
+    for argv in (["--tracker", "nohost", "--key", "gpu"], ["--tracker", "127.0.0.1:9190"], ["--warm", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            rpc_server.main(argv)
+        assert exit_.value.code == 2
+        assert "error:" in capsys.readouterr().err
 
 
 def test_search_on_a_dask_cluster_survives_a_lost_worker(tmp_path):
