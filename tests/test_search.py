@@ -298,16 +298,6 @@ def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path, server):
                 child.wait()
 
 
-def test_the_warm_rpc_server_refuses_bad_arguments(capsys):
-    from pipeline import rpc_server
-
-    for argv in (["--tracker", "nohost", "--key", "gpu"], ["--tracker", "127.0.0.1:9190"], ["--warm", "0"]):
-        with pytest.raises(SystemExit) as exit_:
-            rpc_server.main(argv)
-        assert exit_.value.code == 2
-        assert "error:" in capsys.readouterr().err
-
-
 def test_search_on_a_dask_cluster_survives_a_lost_worker(tmp_path):
     """The search's shards on a local Dask cluster of 2 workers; one worker is killed (SIGKILL)
     once the first candidates are in a database. Its shard runs again on the other worker and
