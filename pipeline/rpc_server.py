@@ -26,7 +26,7 @@ from multiprocessing import reduction
 
 _SPAWN = multiprocessing.get_context("spawn")
 _warm: list[tuple] = []        # (process, pipe) of the warm processes, in the listening process
-_size = {"warm": 4}
+_keep_warm = 4                  # how many wait, in the listening process (install sets it)
 
 
 def _warm_main(conn, load_library) -> None:
@@ -60,7 +60,7 @@ def _take(load_library) -> tuple:
     global _warm
     _warm = [(p, c) for p, c in _warm if p.is_alive()]
     proc, conn = _warm.pop(0) if _warm else _spawn(load_library)
-    while len(_warm) < _size["warm"]:
+    while len(_warm) < _keep_warm:
         _warm.append(_spawn(load_library))
     return proc, conn
 
@@ -95,11 +95,12 @@ def _serving(sock, addr, opts, load_library) -> None:
 def install(warm: int = 4, load_library: str | None = None) -> None:
     """In the process that listens (TVM's server runs it there): serve sessions warm, with
     `warm` processes spawned ahead (bursts of sessions find one ready)."""
+    global _keep_warm
     from tvm.rpc import server
 
-    _size["warm"] = max(1, warm)
+    _keep_warm = max(1, warm)
     server._serving = _serving
-    while len(_warm) < _size["warm"]:
+    while len(_warm) < _keep_warm:
         _warm.append(_spawn(load_library))
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 

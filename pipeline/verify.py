@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipeline import codec
-from pipeline.measure import (TOLERANCES, baseline_module, build, close, device_available, random_inputs, run,
-                              short_error as _short, time_executable, time_tensors, upload)
+from pipeline.measure import (TOLERANCES, baseline_module, build, close, device_available, random_inputs,
+                              short_error as _short, time_tensors, upload)
 from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, structural_hash, tvm, worker_init
 
 STAGES = ("decode", "apply", "postproc", "build", "run", "numerics", "ok")
@@ -107,12 +107,20 @@ def reference(mod, target, seed: int = 0, timed: bool = False) -> tuple[list[np.
     key = (structural_hash(mod), str(target), seed)
     cached = _REFERENCE.get(key)
     if cached is None or (timed and cached[1] is None):
-        inputs = inputs_for(mod, seed)
         executable = reference_build(mod, target)
-        outputs = run(executable, target, inputs)[-1:]
-        latency = time_executable(executable, target, inputs) if timed else None
-        cached = _REFERENCE.put(key, (outputs, latency))
+        dev, tensors, output = _run_once(executable, target, inputs_for(mod, seed))
+        latency = time_tensors(executable, dev, tensors) if timed else None
+        cached = _REFERENCE.put(key, ([output], latency))
     return cached
+
+
+def _run_once(executable, target, inputs) -> tuple:
+    """(device, the arguments on it, the output read back): one device copy of the inputs serves
+    the run and then the timing; the output is the last argument (TE create_prim_func order)."""
+    dev, tensors = upload(inputs, target)
+    executable.mod["main"](*tensors)
+    dev.sync()
+    return dev, tensors, tensors[-1].numpy()
 
 
 def _decode_and_build(mod, text: str, target):
@@ -164,10 +172,7 @@ def _run_built(mod, executable, target, seed: int, timed: bool) -> Outcome:
 
 def _run_and_compare(mod, executable, target, inputs, seed: int, timed: bool) -> Outcome:
     try:
-        dev, tensors = upload(inputs, target)       # one copy for the run and the timing
-        executable.mod["main"](*tensors)
-        dev.sync()
-        got = tensors[-1].numpy()                   # the last argument is the output (TE create_prim_func order)
+        dev, tensors, got = _run_once(executable, target, inputs)
         want, baseline_s = reference(mod, target, seed, timed)
     except TVM_ERRORS as err:
         return Outcome("run", _short(err))

@@ -191,8 +191,8 @@ def sampled_refinements(tasks: list[Task], measurer: Measurer, target, seed: int
 def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> dict:
     """Per timed kernel with a PyTorch call: PyTorch's latency (its output checked against
     the kernel's reference first) and the candidate's best construction latency over it."""
-    from pipeline import torch_baseline
-    from pipeline.measure import baseline_module, build, is_gpu, random_inputs, run
+    from pipeline import torch_baseline, verify
+    from pipeline.measure import is_gpu
 
     device = "cuda" if is_gpu(target) else "cpu"
     rows = []
@@ -200,7 +200,7 @@ def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> 
         spec = specs.get(t.key) if t.source in ("test", "catalog") else None
         if not t.timed or torch_baseline.for_kernel(t.key, spec) is None:
             continue
-        reference = run(build(baseline_module(t.mod, target), target), target, random_inputs(t.mod, seed))[-1]
+        reference = verify.reference(t.mod, target, seed)[0][-1]
         torch_s = torch_baseline.measure(t.mod, t.key, spec, reference, device, seed)
         best = _best(res[t.key]["construction"])
         rows.append({"task": t.key, "pytorch_s": torch_s["latency_s"], "error": torch_s["error"],
@@ -242,7 +242,7 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
             if isinstance(tuned, Exception):
                 _ms_failed(p, t, f"{type(tuned).__name__}: {str(tuned).strip()[-500:]}", ms_settings)
             else:
-                _retime(p, t, tuned, measurer, target, trials, sp)
+                _retime(p, t, tuned, measurer, target, ms_settings)
             bar.update(1)
     bar.close()
 
@@ -277,14 +277,12 @@ def _ms_failed(p: EvalParams, t: Task, error: str, ms_settings: dict) -> None:
     _cache_update(p, t.key, "metaschedule_failed", {"key": ms_settings, "error": error})
 
 
-def _retime(p: EvalParams, t: Task, tuned, measurer: Measurer, target, trials: int, sp) -> None:
+def _retime(p: EvalParams, t: Task, tuned, measurer: Measurer, target, ms_settings: dict) -> None:
     """A finished MetaSchedule run's candidates as the evaluation's checker sees them (kept in
-    the task's cache), and the refinement prompts taken from them."""
-    from pipeline import metaschedule
-
+    the task's cache under the run's `ms_settings`), and the refinement prompts taken from them."""
     t.ms_scripts, t.ms_seconds, t.ms_done = tuned.scripts, tuned.seconds, True
     cache = _cache_read(p, t.key)
-    ms_key = {**metaschedule.settings(target, trials, sp, p.metaschedule_group), "scripts": len(tuned.scripts)}
+    ms_key = {**ms_settings, "scripts": len(tuned.scripts)}
     if cache.get("metaschedule", {}).get("key") == ms_key:
         t.ms_outcomes = [_outcome(o) for o in cache["metaschedule"]["outcomes"]]
     else:
