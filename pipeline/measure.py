@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import distributed
+from pipeline import device_lock, distributed
 from pipeline.tvm_env import TVM_ERRORS, tvm
 
 # TVM's validator uses allclose(rtol=1e-3, atol=2e-3) for fp32 (ANCHORS.md). fp16 outputs
@@ -121,7 +121,9 @@ def measure_baseline(mod, target, number: int = 3, repeat: int = 5, min_repeat_m
     if not device_available(target):
         return Timing(None, f"no {target.kind.name} device on this machine", "run")
     try:
-        return Timing(time_executable(executable, target, random_inputs(mod), number, repeat, min_repeat_ms))
+        inputs = random_inputs(mod)
+        with device_lock.held():        # a GPU shared with other processes: take turns
+            return Timing(time_executable(executable, target, inputs, number, repeat, min_repeat_ms))
     except TVM_ERRORS as err:
         return Timing(None, short_error(err), "run")
 

@@ -10,13 +10,17 @@ reports/bench_search_h200_before.json, ..._after.json):
 - Every phase is timed (`Phases`): building, waiting for the runner, and the rest (the
   search strategy: evolutionary search, cost model, postprocessors; database; callbacks),
   so a throughput figure comes with where the time went.
+- A process that shares its GPU with other tuning processes (pipeline.device_lock) measures
+  each batch while it holds the GPU's lock (`LockedRunner`), so timings never overlap.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass
 
+from pipeline import device_lock
 from pipeline.tvm_env import ms, tvm, worker_init
 
 
@@ -27,6 +31,7 @@ class Phases:
     run_wait_s: float = 0.0        # waiting for runner results
     rounds: int = 0                # builder calls
     candidates: int = 0            # candidates sent to the builder
+    lock_wait_s: float = 0.0       # waiting for a shared GPU's lock (pipeline.device_lock)
 
     @property
     def other_s(self) -> float:
@@ -40,7 +45,7 @@ class Phases:
         self.candidates += candidates
 
     def add(self, other: "Phases") -> None:
-        for k in ("seconds", "build_s", "run_wait_s", "rounds", "candidates"):
+        for k in ("seconds", "build_s", "run_wait_s", "rounds", "candidates", "lock_wait_s"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def to_json(self) -> dict:
@@ -122,6 +127,53 @@ class TimedRunner(ms.runner.PyRunner):
 
     def run(self, runner_inputs):
         return [_TimedFuture(f, self.phases) for f in self.inner.run(runner_inputs)]
+
+
+class _LockedBatch:
+    """One runner batch, measured in a thread of its own once the device lock is held (the
+    task scheduler goes on searching and building other tasks meanwhile, as with the plain
+    runner, whose futures it joins later)."""
+
+    def __init__(self, inner, runner_inputs, phases: Phases) -> None:
+        self.n, self.results, self.finished = len(runner_inputs), None, threading.Event()
+        threading.Thread(target=self._measure, args=(inner, runner_inputs, phases), daemon=True).start()
+
+    def _measure(self, inner, runner_inputs, phases: Phases) -> None:
+        try:
+            with device_lock.held() as waited:
+                phases.lock_wait_s += waited
+                self.results = [f.result() for f in inner.run(runner_inputs)]
+        except Exception as err:   # noqa: BLE001 - a failed batch is data: every candidate gets the error
+            self.results = [ms.runner.RunnerResult(None, f"LockedRunner: {type(err).__name__}: {err}")] * self.n
+        finally:
+            self.finished.set()
+
+
+@tvm.ir.utils.derived_object
+class _LockedFuture(ms.runner.PyRunnerFuture):
+    def __init__(self, batch: _LockedBatch, index: int) -> None:
+        super().__init__()
+        self.batch, self.index = batch, index
+
+    def done(self) -> bool:
+        return self.batch.finished.is_set()
+
+    def result(self):
+        self.batch.finished.wait()
+        return self.batch.results[self.index]
+
+
+@tvm.ir.utils.derived_object
+class LockedRunner(ms.runner.PyRunner):
+    """`inner`'s measurements of a batch, made while this process holds its GPU's lock."""
+
+    def __init__(self, inner, phases: Phases) -> None:
+        super().__init__()
+        self.inner, self.phases = inner, phases
+
+    def run(self, runner_inputs):
+        batch = _LockedBatch(self.inner, runner_inputs, self.phases)
+        return [_LockedFuture(batch, i) for i in range(batch.n)]
 
 
 @tvm.ir.utils.derived_object
@@ -220,7 +272,10 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
     else:   # TVM's stock builder (a fresh pool every round), kept for the before/after benchmark
         builder = _TimedLocalBuilder(ms.builder.LocalBuilder(
             max_workers=sp.builder_workers, timeout_sec=sp.build_timeout_s, initializer=worker_init), phases)
-    runner = TimedRunner(make_runner(sp), phases)
+    runner = make_runner(sp)
+    if device_lock.path() and sp.runner == "local":
+        runner = LockedRunner(runner, phases)
+    runner = TimedRunner(runner, phases)
     start = time.perf_counter()
     try:
         ms.tune.tune_tasks(

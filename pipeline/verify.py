@@ -10,7 +10,8 @@ Every stage's failure is an outcome, never an exception. Each script is checked 
 process (TVM's PopenWorker) in two phases, each with its own timeout: build (decode, apply,
 postprocess, build; in parallel over the workers) and run (run, compare, time; the same
 worker, which holds the built kernel, runs it once the checker's device lock is free, so
-runs and timings take turns and waiting for the lock never counts against a timeout). A
+runs and timings take turns and waiting for the lock never counts against a timeout; a GPU
+shared with other processes adds their turns, pipeline.device_lock). A
 timeout or a worker crash is labelled with the phase it happened in; the worker is replaced.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipeline import codec
+from pipeline import codec, device_lock
 from pipeline.measure import (TOLERANCES, baseline_module, build, close, device_available, random_inputs,
                               short_error as _short, time_tensors, upload)
 from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, structural_hash, tvm, worker_init
@@ -262,7 +263,9 @@ class Checker:
             return built
         if built is not None:
             return Outcome(**built)
-        with self._device:         # runs and timings take turns; the wait is not timed
+        # runs and timings take turns (with other processes too, on a shared GPU: pipeline.device_lock);
+        # the wait is not timed
+        with self._device, device_lock.held():
             ran = self.call("run", _worker_run, seed, timed)
         return ran if isinstance(ran, Outcome) else Outcome(**ran)
 

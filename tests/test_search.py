@@ -58,6 +58,7 @@ def test_no_eligible_workload_is_a_clear_error(tmp_path):
     ({"families": ["nope"]}, "unknown families"),
     ({"trials_per_iter": 99}, "trials_per_iter"),
     ({"num_workloads": 0}, "num_workloads"),
+    ({"devices": [0, -1]}, "GPU indices"),
 ])
 def test_bad_params_are_rejected_with_a_fix(tmp_path, over, match):
     with pytest.raises(ParamsError, match=match):
@@ -155,14 +156,18 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0
 
 
-def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path):
-    p = _params(tmp_path, num_workloads=2, shard_size=1, devices=[0, 1], builder_workers=2)
+@pytest.mark.parametrize("devices,labels", [([0, 1], {"gpu0", "gpu1"}), ([0, 0], {"gpu0.0", "gpu0.1"})])
+def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path, devices, labels):
+    """One process per GPU, or two sharing GPU 0 (taking turns to measure behind one lock file):
+    every candidate measured once."""
+    p = _params(tmp_path, num_workloads=2, shard_size=1, devices=devices, builder_workers=2)
     summary = run_search(p, progress=False)
     assert [r["trials"] for r in summary["per_workload"]] == [4, 4]
     parts = summary["this_run"]["parts"]
-    assert [x["device"] for x in parts] == [0, 1] and all(x["candidates"] == 4 for x in parts)
-    assert {e["part"] for e in files.read_jsonl(tmp_path / "search" / "throughput.jsonl")} == {"gpu0", "gpu1"}
-    assert all(x["cpus"] >= 1 for x in parts)
+    assert [x["device"] for x in parts] == devices and all(x["candidates"] == 4 for x in parts)
+    assert {e["part"] for e in files.read_jsonl(tmp_path / "search" / "throughput.jsonl")} == labels
+    assert all(x["cpus"] >= 1 and x["lock_wait_s"] >= 0 for x in parts)
+    assert (tmp_path / "search" / ".device-0.lock").exists() == (devices == [0, 0])
 
 
 def test_a_workload_whose_search_ends_short_is_not_retried(tmp_path, monkeypatch):
@@ -338,3 +343,4 @@ def test_a_cluster_search_past_its_stop_after_leaves_its_shards(tmp_path):
     assert sorted(r["shard"] for r in parts) == ["shard-0000", "shard-0001"]
     assert all(r["skipped"] == "past --stop-after" for r in parts)
     assert summary["this_run"]["measured"] == 0 and summary["this_run"]["remaining_trials"] == 16
+

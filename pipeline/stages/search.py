@@ -7,7 +7,8 @@ Writes `data/search/shard-NNNN/` (one MetaSchedule JSONDatabase per shard of wor
 `workloads.json`, `baselines.json` and `errors.jsonl`), `data/search/throughput.jsonl` (per
 shard tuned: candidates, seconds and where they went) and `reports/search.json` (with this
 run's candidates per minute). With `devices: [0, 1]` one process per GPU measures alternate
-shards at once, each on its own share of the cores.
+shards at once, each on its own share of the cores; `devices: [0, 0]` runs two processes on
+one GPU, taking turns to measure (pipeline.device_lock).
 
 Resumable: a workload whose database already holds its trial budget is skipped, and
 JSONDatabase appends each measured candidate as it comes, so an interrupted run loses at
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import archive, cluster, files, params as P, records, tuning
+from pipeline import archive, cluster, device_lock, files, params as P, records, tuning
 from pipeline.measure import measure_baseline
 from pipeline.tuning import Phases
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm
@@ -65,8 +66,10 @@ class SearchParams:
     # "replay": a task's first batch straight from the design space, then evolutionary search
     # (pipeline.tuning.ReplayFirst); "evolutionary": MetaSchedule's stock strategy throughout
     first_round: str = "evolutionary"
-    # GPUs measuring at once: one process per GPU over alternate shards, builder workers split
-    # between them ([]: one process on the default device)
+    # GPUs measuring at once: one process per entry over alternate shards, builder workers and
+    # cores split between them ([]: one process on the default device). A GPU listed twice
+    # ([0, 0]) gets two processes whose measurements take turns (pipeline.device_lock): one
+    # searches and builds while the other measures
     devices: list[int] = field(default_factory=list)
     # Compressed copy of every shard kept in git (databases/README.md): a shard is restored
     # from it when it holds more records than work_dir, and re-archived after it is tuned.
@@ -101,8 +104,8 @@ class SearchParams:
         P.require(self.rpc_workers > 0, "rpc_workers must be > 0")
         cluster.check_address(self.cluster, "search.cluster")
         P.require(self.cluster_workers > 0, "cluster_workers must be > 0")
-        P.require(all(isinstance(d, int) and d >= 0 for d in self.devices) and len(set(self.devices)) == len(self.devices),
-                  "devices must list distinct GPU indices, e.g. [0, 1]")
+        P.require(all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in self.devices),
+                  "devices must list GPU indices, e.g. [0, 1] (or [0, 0]: two processes sharing GPU 0)")
 
 
 def select_workloads(p: SearchParams) -> list[Spec]:
@@ -341,11 +344,15 @@ def _run_part(p: SearchParams, plan, k: int, n: int, device: int, progress: bool
     process and the runner's workers) and building with its share of the workers; `plan`
     is this part's slice of the parent's plan."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
+    label = f" gpu{device}"
+    if p.devices.count(device) > 1:     # a shared GPU: measurements take turns
+        os.environ[device_lock.ENV] = str(Path(p.work_dir).resolve() / f".device-{device}.lock")
+        label += f".{p.devices[:k].count(device)}"
     cpus = part_cpus(sorted(os.sched_getaffinity(0)), k, n)
     os.sched_setaffinity(0, cpus)  # inherited by the build workers: one GPU, its share of cores
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     p = dataclasses.replace(p, builder_workers=max(1, p.builder_workers // n))
-    phases = _run_shards(p, plan, progress, part=f" gpu{device}", position=k, deadline=deadline)
+    phases = _run_shards(p, plan, progress, part=label, position=k, deadline=deadline)
     files.write_json(Path(p.work_dir) / f".part-{k}.json", {**phases.to_json(), "cpus": len(cpus)})
 
 
@@ -431,7 +438,7 @@ def _cluster_job(p: SearchParams, index: int, shard: list[Spec], deadline: float
 
 
 def _run_parts(p: SearchParams, plan, progress: bool, deadline: float | None) -> list[dict]:
-    """One process per GPU over alternate shards; a part that dies loses only its shard in
+    """One process per `devices` entry over alternate shards; a part that dies loses only its shard in
     flight (the databases are resumable), and the stage reports it after the others finish."""
     ctx = multiprocessing.get_context("spawn")
     n = len(p.devices)
