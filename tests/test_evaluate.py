@@ -226,3 +226,42 @@ def test_a_kernel_metaschedule_raises_on_costs_only_itself(tmp_path, cpu_target,
     second = tasks()                                                   # the next step: "bad" is not tuned again
     evaluate.run_metaschedule(p, second, Measurer({}, {"kind": "llvm", "num-cores": 2}), sp, cpu_target, 4, False)
     assert calls == [["good", "alone"]] and second[1].ms_error == first[1].ms_error
+
+
+def test_retiming_only_metaschedules_fastest_and_first_candidates(tmp_path, cpu_target):
+    """metaschedule_retime N: the checker times MetaSchedule's first K and its N fastest (by its own
+    measurement); the rest are "untimed", never a failure counted as slow. A full re-timing kept
+    from an earlier step serves, restricted to the same candidates, without measuring again."""
+    from dataclasses import replace
+
+    from pipeline.metaschedule import Tuned
+    from pipeline.params import from_dict
+
+    class Timer:
+        def __init__(self):
+            self.seen = []
+
+        def measure(self, pairs):
+            self.seen += [s for _, s in pairs]
+            return [ok(float(s[1:])) for _, s in pairs]
+
+    tuned = Tuned(["s9", "s1", None, "s2", "s3"], [9.0, 1.0, None, 2.0, 3.0], 10.0, 5)
+    assert evaluate.retime_selection(tuned.ms_latency_s, 1, 2) == {0, 1, 3}
+    assert evaluate.retime_selection(tuned.ms_latency_s, 1, None) == {0, 1, 2, 3, 4}
+    full = from_dict(evaluate.EvalParams, dict(attempts=1, archive_dir=str(tmp_path / "kept")))
+    top = replace(full, metaschedule_retime=2)
+    settings = {"trials": 5}
+
+    t, timer = evaluate.Task("a", "test", None), Timer()
+    evaluate._retime(top, t, tuned, timer, cpu_target, settings)
+    assert timer.seen == ["s9", "s1", "s2"]
+    assert [o.stage for o in t.ms_outcomes] == ["ok", "ok", "decode", "ok", "untimed"]
+    assert evaluate._best(t.ms_outcomes).latency_s == 1.0
+
+    other = from_dict(evaluate.EvalParams, dict(attempts=1, archive_dir=str(tmp_path / "kept2")))
+    t, timer = evaluate.Task("a", "test", None), Timer()
+    evaluate._retime(other, t, tuned, timer, cpu_target, settings)       # a full re-timing, kept
+    assert timer.seen == ["s9", "s1", "s2", "s3"] and t.ms_outcomes[4].stage == "ok"
+    t, timer = evaluate.Task("a", "test", None), Timer()
+    evaluate._retime(replace(other, metaschedule_retime=2), t, tuned, timer, cpu_target, settings)
+    assert timer.seen == [] and [o.stage for o in t.ms_outcomes] == ["ok", "ok", "decode", "ok", "untimed"]
