@@ -46,17 +46,32 @@ def _wait_for(tracker, key: str, seconds: float = 60) -> None:
     raise TimeoutError(f"no server registered under {key!r} in {seconds:.0f} s")
 
 
+def _listening(port: int, proc, log: Path, seconds: float = 180) -> None:
+    """Wait until something accepts connections on `port` (a tracker importing TVM on a fresh
+    machine took longer than the client's retries: seen on the H200)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the tracker exited ({proc.returncode}): {log.read_text()[-500:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"the tracker did not listen on {port} in {seconds:.0f} s: {log.read_text()[-500:]}")
+
+
 def sessions(server: list[str], n: int, gap: float, log: Path) -> list[float]:
     """Seconds from the request to a usable session, for `n` sessions in a row."""
     from tvm import rpc
 
     port, key = _free_port(), "bench"
+    tracker_log = log.with_suffix(".tracker.log")
     tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                                "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                "--port-end", str(port + 1)], stdout=open(tracker_log, "w"), stderr=subprocess.STDOUT,
                                start_new_session=True)
     srv = None
     try:
-        time.sleep(1.5)
+        _listening(port, tracker, tracker_log)
         first = _free_port()
         srv = subprocess.Popen([sys.executable, *server, "--tracker", f"127.0.0.1:{port}", "--key", key,
                                 "--host", "127.0.0.1", "--port", str(first), "--port-end", str(first + 10)],
