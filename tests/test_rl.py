@@ -72,3 +72,25 @@ def test_model_loader_handles_lora_adapters_and_says_which_base(tmp_path):
         models.load(tmp_path / "adapter")
     with pytest.raises(models.ModelError, match="holds no model"):
         models.load(tmp_path)
+
+
+def test_grpo_as_a_lora_adapter_over_a_full_sft_model(tmp_path, cpu_target):
+    """rl.lora_r: the RL result is an adapter naming the SFT folder as its base (kept small), and
+    it loads back through the project's loader onto that base."""
+    from pipeline import files
+
+    prompt = tiny_model(tmp_path / "sft", cpu_target)
+    p = from_dict(train_rl.RLParams, dict(model_dir=str(tmp_path / "sft"), output_dir=str(tmp_path / "rl"),
+                                          steps=1, num_generations=2, prompts_per_step=1, max_completion_length=400,
+                                          lora_r=4, reward={"workers": 1, "timeout_s": 60}))
+    prompts = [{"prompt": prompt, "workload": SPEC.id, "task": "construction"}] * 2
+    model, tok, reward, _, _ = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
+                                              {"kind": "llvm", "num-cores": 2}, progress=False)
+    assert len(reward.log) == 2
+    files.save_model_dir(model, tok, tmp_path / "rl")
+    assert models.is_adapter(tmp_path / "rl") and models.base_of(tmp_path / "rl") == str(tmp_path / "sft")
+    assert not (tmp_path / "rl" / "model.safetensors").exists()
+    loaded, _ = models.load(tmp_path / "rl")
+    assert any("lora_" in n for n, _ in loaded.named_parameters())
+    with pytest.raises(ParamsError, match="lora_r"):
+        train_rl.RLParams(lora_r=-1)

@@ -43,6 +43,11 @@ class RLParams:
     gradient_checkpointing: bool = False
     guided: bool = True          # rollouts written by the guided decoder (false: free sampling)
     time_limit_s: float | None = None   # wall-clock budget of training: stop at that step and save
+    # > 0: GRPO trains a fresh LoRA adapter of this rank over a full (from-scratch) SFT model, and
+    # `output_dir` keeps only the adapter, naming model_dir as its base (a GPU model's RL result is
+    # then ~1 MB beside the SFT weights instead of a second full copy); 0: full fine-tuning. An SFT
+    # model that is itself an adapter (the 8B path) goes on training its own adapter either way.
+    lora_r: int = 0
     seed: int = 0
     reward: dict = field(default_factory=dict)
 
@@ -50,6 +55,7 @@ class RLParams:
         P.require(self.steps > 0, "rl.steps must be > 0")
         P.require(self.num_generations >= 2, "rl.num_generations must be >= 2 (GRPO compares within a group)")
         P.require(self.prompts_per_step >= 1 and self.max_prompts >= 1, "rl.prompts_per_step/max_prompts must be >= 1")
+        P.require(self.lora_r >= 0, "rl.lora_r must be >= 0 (0: full fine-tuning)")
 
 
 def training_prompts(rows: list[dict], n: int, seed: int) -> list[dict]:
@@ -206,9 +212,15 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     from pipeline.budget import time_limit
 
     stop = time_limit(p.time_limit_s)
+    peft_config = None
+    if p.lora_r and not models.is_adapter(p.model_dir):
+        from peft import LoraConfig
+
+        model.config._name_or_path = str(p.model_dir)      # the adapter's base, as the registry and loader read it
+        peft_config = LoraConfig(r=p.lora_r, lora_alpha=2 * p.lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
                           train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout,
-                          callbacks=[stop])
+                          callbacks=[stop], peft_config=peft_config)
     trainer.train()
     model = distributed.unsharded(trainer, str(Path(args.output_dir) / "final"))
     return model, tokenizer, reward, trainer.state.log_history, stop.stopped_at
