@@ -7,6 +7,7 @@ scripts (pipeline.verify), so the comparison never mixes two timers."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ class Tuned:
     ms_latency_s: list[float | None]  # MetaSchedule's own measurement (None = failed)
     seconds: float                # wall time of the whole tuning run
     trials: int
+    run: str = ""                 # digest of the run's database: which run these candidates are
 
 
 def settings(target, trials: int, sp, group: int = 1) -> dict:
@@ -132,6 +134,12 @@ def _split(src: Path, mod, dst: Path) -> None:
     (dst / "database_tuning_record.json").write_text("".join(lines))
 
 
+def run_digest(work_dir: Path) -> str:
+    """Names one tuning run: a digest of its database's records (the same for its archived copy)."""
+    path = Path(work_dir) / "database_tuning_record.json"
+    return hashlib.sha256(path.read_bytes() if path.exists() else b"").hexdigest()[:16]
+
+
 def _read(mod, work_dir: Path, seconds: float) -> Tuned:
     scripts, lat = [], []
     for ref in records.scan(work_dir):
@@ -140,4 +148,4 @@ def _read(mod, work_dir: Path, seconds: float) -> Tuned:
         except (codec.DecodeError, TypeError, ValueError):
             scripts.append(None)
         lat.append(ref.latency_s)
-    return Tuned(scripts, lat, seconds, len(scripts))
+    return Tuned(scripts, lat, seconds, len(scripts), run_digest(work_dir))

@@ -265,3 +265,28 @@ def test_retiming_only_metaschedules_fastest_and_first_candidates(tmp_path, cpu_
     t, timer = evaluate.Task("a", "test", None), Timer()
     evaluate._retime(replace(other, metaschedule_retime=2), t, tuned, timer, cpu_target, settings)
     assert timer.seen == [] and [o.stage for o in t.ms_outcomes] == ["ok", "ok", "decode", "ok", "untimed"]
+
+
+def test_a_retiming_serves_only_the_run_it_timed(tmp_path, cpu_target):
+    """A kept re-timing is keyed by its MetaSchedule run: another run with the same settings and
+    as many candidates (a kept task tuned again) is re-timed, never given the old run's figures."""
+    from pipeline.metaschedule import Tuned
+    from pipeline.params import from_dict
+
+    class Timer:
+        def __init__(self):
+            self.seen = []
+
+        def measure(self, pairs):
+            self.seen += [s for _, s in pairs]
+            return [ok(float(s[1:])) for _, s in pairs]
+
+    p = from_dict(evaluate.EvalParams, dict(attempts=1, archive_dir=str(tmp_path / "kept")))
+    first, again = Tuned(["s1", "s2"], [1.0, 2.0], 1.0, 2, "run-a"), Tuned(["s7", "s8"], [7.0, 8.0], 1.0, 2, "run-b")
+    evaluate._retime(p, evaluate.Task("a", "test", None), first, Timer(), cpu_target, {"trials": 2})
+    t, timer = evaluate.Task("a", "test", None), Timer()
+    evaluate._retime(p, t, again, timer, cpu_target, {"trials": 2})
+    assert timer.seen == ["s7", "s8"] and [o.latency_s for o in t.ms_outcomes] == [7.0, 8.0]
+    t, timer = evaluate.Task("a", "test", None), Timer()
+    evaluate._retime(p, t, again, timer, cpu_target, {"trials": 2})     # the same run: served from the cache
+    assert timer.seen == [] and [o.latency_s for o in t.ms_outcomes] == [7.0, 8.0]

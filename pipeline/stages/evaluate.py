@@ -291,7 +291,9 @@ def _retime(p: EvalParams, t: Task, tuned, measurer: Measurer, target, ms_settin
     cache of a full re-timing serves too, restricted to the same selection."""
     t.ms_scripts, t.ms_seconds, t.ms_done = tuned.scripts, tuned.seconds, True
     cache = _cache_read(p, t.key)
-    full_key = {**ms_settings, "scripts": len(tuned.scripts)}
+    # keyed by the run itself: a re-timing never serves another run of the same settings (a step
+    # that tuned a kept task again had reused the old run's re-timing for the new candidates)
+    full_key = {**ms_settings, "scripts": len(tuned.scripts), "run": tuned.run}
     ms_key = full_key if p.metaschedule_retime is None else {**full_key, "retime": p.metaschedule_retime}
     chosen = retime_selection(tuned.ms_latency_s, p.attempts, p.metaschedule_retime)
     if cache.get("metaschedule", {}).get("key") in (ms_key, full_key):
