@@ -48,7 +48,8 @@ class SFTParams:
     bf16: bool = False
     gradient_checkpointing: bool = False
     eval_prompts: int = 8             # validation prompts per task
-    time_limit_s: float | None = None  # wall-clock budget of training (pre-training gets its share by steps)
+    time_limit_s: float | None = None  # wall-clock budget of training (pre-training gets its share by steps,
+                                       # SFT the rest)
     check_timeout_s: float = 60.0
     # processes for TRL's tokenization of the datasets (None: this one): on the GPU machine the
     # 24,747 examples + 52,287 corpus scripts took minutes of a 10-minute call in one process
@@ -140,11 +141,9 @@ def train(p: SFTParams, train_rows: list[dict], corpus: list[dict], progress: bo
     work = str(Path(p.output_dir).parent / ".sft-work")
     pretrain = p.pretrain_steps if corpus and not p.base_model else 0
 
-    def limit(steps: int):
-        return time_limit(None if p.time_limit_s is None else p.time_limit_s * steps / (pretrain + p.sft_steps))
-
     if pretrain:
-        stop = limit(pretrain)
+        # pre-training gets its share of the budget by steps; SFT gets whatever it left
+        stop = time_limit(None if p.time_limit_s is None else p.time_limit_s * pretrain / (pretrain + p.sft_steps))
         trainer = SFTTrainer(model=model, args=_trainer_args(p, work, p.pretrain_steps, disable_tqdm=not progress),
                              train_dataset=Dataset.from_list([{"text": r["text"]} for r in corpus]),
                              processing_class=tokenizer, callbacks=[stop])
@@ -154,7 +153,7 @@ def train(p: SFTParams, train_rows: list[dict], corpus: list[dict], progress: bo
         if stop.stopped_at is not None:
             stopped["pretrain"] = stop.stopped_at
     data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in train_rows])
-    stop = limit(p.sft_steps)
+    stop = time_limit(None if p.time_limit_s is None else max(p.time_limit_s - (runtime.get("pretrain") or 0.0), 0.0))
     trainer = SFTTrainer(
         model=model, args=_trainer_args(p, work, p.sft_steps, completion_only_loss=True, disable_tqdm=not progress),
         train_dataset=data, processing_class=tokenizer, peft_config=lora_config(p) if p.base_model else None,
