@@ -108,7 +108,7 @@ def _evaluate(args) -> int:
     from pipeline.stages import evaluate
 
     metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after, part=args.part,
-                            metaschedule_only=args.metaschedule_only)
+                            metaschedule_only=args.metaschedule_only, models_only=args.models_only)
     if "incomplete" in metrics:
         return 0 if not args.fail_on_gate else 1
     return 0 if metrics["gate"]["passed"] or not args.fail_on_gate else 1
@@ -274,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="start no new task after SECONDS (an evaluation in steps; keep results with evaluate.archive_dir)")
     p.add_argument("--part", type=_part, default=None, metavar="I/N",
                    help="only every N-th task from the I-th (one process per GPU; results kept in evaluate.archive_dir)")
-    p.add_argument("--metaschedule-only", action="store_true",
-                   help="run the MetaSchedule baseline phase alone and keep it in evaluate.archive_dir (no model needed)")
+    phase = p.add_mutually_exclusive_group()
+    phase.add_argument("--metaschedule-only", action="store_true",
+                       help="run the MetaSchedule baseline phase alone and keep it in evaluate.archive_dir (no model needed)")
+    phase.add_argument("--models-only", action="store_true",
+                       help="run the models' phase alone, on the tasks whose MetaSchedule run is kept in evaluate.archive_dir")
     p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("pull", help="fetch the champion model from the MLflow registry")

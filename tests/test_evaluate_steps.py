@@ -101,3 +101,26 @@ def test_the_metaschedule_phase_tunes_tasks_in_groups(tmp_path, cpu_target):
     assert again == first
     for k, s in zip(keys, summaries):
         assert json.loads((tmp_path / "evaluate" / ev._dirname(k) / "summary.json").read_text()) == s
+
+
+def test_the_models_phase_runs_alone_on_the_kept_runs(tmp_path, cpu_target):
+    """`models_only`: the models write for the tasks whose MetaSchedule run is kept, and no new
+    MetaSchedule run starts; the other tasks are left, listed, for a later step."""
+    from pipeline import params as P
+    from pipeline.stages import evaluate as ev
+
+    params = _setup(tmp_path, cpu_target)
+    first = ev.main(str(params), progress=False, stop_after=1.0, metaschedule_only=True)   # one run, then out of time
+    (left,) = first["incomplete"]["metaschedule"]
+    tars = tmp_path / "kept" / "metaschedule"
+    kept = {p.name: p.read_bytes() for p in tars.glob("*.tar.xz")}
+    assert list(kept) == [f"{ev._dirname(SPEC.id)}.tar.xz"]
+    out = ev.main(str(params), progress=False, models_only=True)
+    assert out["incomplete"]["metaschedule"] == [left] and out["incomplete"]["rl"] == [left]
+    assert {p.name: p.read_bytes() for p in tars.glob("*.tar.xz")} == kept      # nothing tuned
+    cached = json.loads((tmp_path / "kept" / "tasks" / f"{ev._dirname(SPEC.id)}.json").read_text())
+    assert any(k.startswith("model:rl:guided") for k in cached)
+    other = tmp_path / "kept" / "tasks" / f"{ev._dirname(left)}.json"
+    assert not other.exists() or not any(k.startswith("model:") for k in json.loads(other.read_text()))
+    with pytest.raises(P.ParamsError, match="exclude each other"):
+        ev.main(str(params), progress=False, metaschedule_only=True, models_only=True)

@@ -11,7 +11,7 @@ its candidates are re-timed by that same checker, so model and search share one 
 
 Metrics (reports/metrics.json; top level = the candidate model, `models.<label>` = each):
 per-attempt correctness with the failure breakdown, geometric-mean speedup over the baseline
-(a task with no correct script keeps the baseline: speedup 1), latency ratio to MetaSchedule's
+(a task with no correct script has no speedup: it is counted apart), latency ratio to MetaSchedule's
 best at the same number of measured candidates (K) and at the full budget, RL-vs-SFT wins,
 time to schedule against the search time MetaSchedule needed to reach the same latency
 (prorated by trial index over the tuning run's wall time). Every model is registered in MLflow;
@@ -21,7 +21,10 @@ An evaluation too long for one sitting (the GPU profile on a lent machine) runs 
 `evaluate --stop-after S` stops starting tasks after S seconds; with `archive_dir` set, every
 finished MetaSchedule run (its database), its re-timed candidates and every model's results per
 task are kept there (for git) and reused by the next step while their settings and model files
-are the same; the metrics are written by the step that finds every task done.
+are the same; the metrics are written by the step that finds every task done. A step can run
+one phase alone: `--metaschedule-only` (no model needed) or `--models-only` (the models on the
+tasks whose MetaSchedule run is kept; on a GPU shared by several processes, generation holds the
+device lock as the timings do, pipeline.device_lock).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import cluster, files, params as P, records
+from pipeline import cluster, device_lock, files, params as P, records
 from pipeline.prompts import construction_prompt, refinement_prompt
 from pipeline.describe import describe
 from pipeline.prompts import source_script
@@ -218,10 +221,11 @@ def vs_pytorch(tasks: list[Task], res: dict, specs: dict, target, seed: int) -> 
 
 
 def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, target, trials: int, progress: bool,
-                     deadline: float | None = None) -> None:
+                     deadline: float | None = None, tune_new: bool = True) -> None:
     """MetaSchedule on every timed task (`metaschedule_group` tasks to a run), its candidates
     re-timed by the evaluation's checker. With `archive_dir`, a finished run and its re-timed
-    candidates are kept and reused. Past `deadline` no new run starts."""
+    candidates are kept and reused. Past `deadline` no new run starts. `tune_new` False: only
+    the kept runs are read back (and re-timed if they were not); the other tasks stay undone."""
     from pipeline import archive, metaschedule
 
     ms_settings = metaschedule.settings(target, trials, sp, p.metaschedule_group)
@@ -240,6 +244,12 @@ def run_metaschedule(p: EvalParams, tasks: list[Task], measurer: Measurer, sp, t
         if kept is not None:
             for work in works:
                 archive.restore(work, kept)
+        if not tune_new:
+            done = [metaschedule.finished(w, target, trials, sp, p.metaschedule_group) is not None for w in works]
+            group, works = [t for t, d in zip(group, done) if d], [w for w, d in zip(works, done) if d]
+            bar.update(len(done) - len(group))
+            if not group:
+                continue
         runs = _tune_safely(p, group, works, sp, target, trials, kept is not None)
         if kept is not None:       # every finished run kept before any re-timing (which a stop may cut)
             for work, tuned in zip(works, runs):
@@ -414,12 +424,14 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
         if model is None:
             model, tok = models.load(model_dir)
         start = time.perf_counter()
-        w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)])
+        with device_lock.held():     # on a shared GPU no timing runs beside the model's kernels
+            w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)])
         cons = _incomplete_fail(measurer.measure([(t.key, s) for s in w.scripts[0]], t.timed), w.complete[0])
         seconds = time.perf_counter() - start
         refs, complete, tokens, gen_s, retries = [], list(w.complete[0]), w.tokens, w.seconds, w.retries
         for prompt, src in t.refinements:
-            wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)])
+            with device_lock.held():
+                wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)])
             outs = _incomplete_fail(measurer.measure([(t.key, s) for s in wr.scripts[0]], t.timed), wr.complete[0])
             refs.append({"source": measurer.measure([(t.key, src)], t.timed)[0], "attempts": outs,
                          "complete": wr.complete[0]})
@@ -689,14 +701,18 @@ def write_markdown(metrics: dict, path: str) -> None:
 
 
 def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measurer: Measurer, sp, target,
-                   trials: int, free_on: bool, progress: bool, deadline: float | None = None) -> tuple[dict, dict | None]:
+                   trials: int, free_on: bool, progress: bool, deadline: float | None = None,
+                   tune_new: bool = True) -> tuple[dict, dict | None]:
     """MetaSchedule, then every model in `labels` (none: MetaSchedule only), on `tasks` in this
     process with one checker: (results per model label, the candidate's free-sampling results or
-    None). Past `deadline` no new task is started: the results then lack some tasks (see `missing`)."""
+    None). The models write for the tasks whose MetaSchedule run is done (its refinement prompts
+    come from it). Past `deadline` no new task is started: the results then lack some tasks (see
+    `missing`). `tune_new` False: no MetaSchedule run is started, only kept ones are read."""
     for t in tasks:
         measurer.add(t.key, t.mod)
-    run_metaschedule(p, tasks, measurer, sp, target, trials, progress, deadline)
-    if not labels or any(t.timed and not t.ms_done for t in tasks):
+    run_metaschedule(p, tasks, measurer, sp, target, trials, progress, deadline, tune_new)
+    tasks = [t for t in tasks if t.ms_done or not t.timed]
+    if not labels or not tasks:
         return {label: {} for label in labels}, ({} if free_on and labels else None)
     sampled_refinements(tasks, measurer, target, p.seed)
     results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress, p, deadline)
@@ -721,7 +737,7 @@ def missing(tasks: list[Task], results: dict, free: dict | None) -> dict:
 
 
 def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extra: list | None = None,
-              deadline: float | None = None) -> dict:
+              deadline: float | None = None, tune_new: bool = True) -> dict:
     """One task on a Dask worker: the whole in-process evaluation of that task (its own
     checker: MetaSchedule's candidates and every model's are timed by the same one). A job
     that starts past `deadline` (--stop-after, by the worker's clock) leaves its task."""
@@ -736,22 +752,25 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extr
     measurer.specs.update({e.id: e.to_json() for e in extra_specs})
     task = next(t for t in make_tasks(p, measurer.specs, target, extra_specs) if t.key == key)
     results, free = evaluate_tasks(p, [task], labels, g, measurer, sp, target,
-                                   p.metaschedule_trials or sp.trials_per_workload, free_on, progress=False)
+                                   p.metaschedule_trials or sp.trials_per_workload, free_on, progress=False,
+                                   tune_new=tune_new)
     measurer.checker.close()
     return {"key": key, "ms_scripts": task.ms_scripts, "ms_outcomes": task.ms_outcomes, "ms_seconds": task.ms_seconds,
             "ms_done": task.ms_done, "ms_error": task.ms_error,
-            "refinements": task.refinements, "results": {label: results[label][key] for label in labels},
-            "free": free[key] if free else None}
+            "refinements": task.refinements,
+            "results": {label: results[label][key] for label in labels if key in results[label]},
+            "free": free.get(key) if free else None}
 
 
 def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labels: list[str], free_on: bool,
-                        progress: bool, extra: list = (), deadline: float | None = None) -> tuple[dict, dict | None]:
+                        progress: bool, extra: list = (), deadline: float | None = None,
+                        tune_new: bool = True) -> tuple[dict, dict | None]:
     """evaluate_tasks with one Dask job per task (`evaluate.cluster`: "local" or a scheduler's
     address); the tasks get MetaSchedule's results and refinement prompts back from the jobs.
     A job whose worker is lost runs again on another worker."""
     bar = tqdm(total=len(tasks), desc="evaluate tasks", unit="task", disable=not progress)
     extra_json = [e.to_json() for e in extra]
-    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on, extra_json, deadline) for t in tasks],
+    done = cluster.run(_task_job, [(params_path, t.key, labels, free_on, extra_json, deadline, tune_new) for t in tasks],
                        address=p.cluster, workers=p.cluster_workers, on_result=lambda _: bar.update(1))
     bar.close()
     by_key = {d["key"]: d for d in done}
@@ -764,9 +783,9 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
         t.ms_scripts, t.ms_outcomes, t.ms_seconds, t.refinements = (d["ms_scripts"], d["ms_outcomes"],
                                                                    d["ms_seconds"], d["refinements"])
         t.ms_done, t.ms_error = d["ms_done"], d["ms_error"]
-        for label in labels:
-            results[label][t.key] = d["results"][label]
-        if free is not None:
+        for label, r in d["results"].items():       # none where MetaSchedule's run is not done yet
+            results[label][t.key] = r
+        if free is not None and d["free"] is not None:
             free[t.key] = d["free"]
     return results, free
 
@@ -790,17 +809,21 @@ def _settings(params_path: str):
 
 
 def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
-         part: tuple[int, int] | None = None, metaschedule_only: bool = False) -> dict:
+         part: tuple[int, int] | None = None, metaschedule_only: bool = False, models_only: bool = False) -> dict:
     """The whole gated evaluation. In steps (`evaluate.archive_dir`): `stop_after` starts no new
     task after that many seconds; `part` = (i, n) evaluates only every n-th task from the i-th
     (one process per GPU, sharing the archive); `metaschedule_only` runs the baseline phase alone
-    (no model needed). Metrics, report and registry come only from a run over every task."""
+    (no model needed); `models_only` the models' phase alone, on the tasks whose MetaSchedule run
+    is kept. Metrics, report and registry come only from a run over every task."""
     p, sp, g, target_spec, target, corpus = _settings(params_path)
+    if metaschedule_only and models_only:
+        raise P.ParamsError("evaluate: --metaschedule-only and --models-only exclude each other: choose one")
     labels = [] if metaschedule_only else [label for label, d in p.models.items() if Path(d).exists()]
     if not metaschedule_only and p.candidate not in labels:
         raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")
-    if (part or metaschedule_only) and not p.archive_dir:
-        raise P.ParamsError("evaluate --part / --metaschedule-only keep their work in evaluate.archive_dir: set it")
+    if (part or metaschedule_only or models_only) and not p.archive_dir:
+        raise P.ParamsError("evaluate --part / --metaschedule-only / --models-only keep their work in "
+                            "evaluate.archive_dir: set it")
     trials = p.metaschedule_trials or sp.trials_per_workload
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
@@ -811,9 +834,11 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     free_on = g.guided and p.free_sampling and bool(labels)
     deadline = time.time() + stop_after if stop_after else None
     if p.cluster:
-        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress, extra, deadline)
+        results, free = evaluate_on_cluster(params_path, p, tasks, labels, free_on, progress, extra, deadline,
+                                            tune_new=not models_only)
     else:
-        results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress, deadline)
+        results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress, deadline,
+                                       tune_new=not models_only)
     left = missing(tasks, results, free)
     scope = f"part {part[0]}/{part[1]}: " if part else ""
     if left:
@@ -822,7 +847,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
               + f"); finished tasks are kept in {p.archive_dir or '(nowhere: set evaluate.archive_dir)'}; "
               "run it again to continue")
         return {"incomplete": left}
-    if part or metaschedule_only:
+    if part or metaschedule_only or models_only:
         done = "MetaSchedule" if metaschedule_only else "every model"
         print(f"evaluate: {scope}{done} done on its {len(tasks)} tasks in {time.perf_counter() - start:.0f} s "
               f"(kept in {p.archive_dir}); run `evaluate` over all tasks for the metrics")
