@@ -2,6 +2,7 @@
 reward on a real workload; the model directory loader for full models and LoRA adapters."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,39 @@ def test_grpo_as_a_lora_adapter_over_a_full_sft_model(tmp_path, cpu_target):
     assert any("lora_" in n for n, _ in loaded.named_parameters())
     with pytest.raises(ParamsError, match="lora_r"):
         train_rl.RLParams(lora_r=-1)
+
+
+def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatch):
+    """rl.resume: a second run continues the first run's adapter (not the SFT model again), and
+    its report covers both runs' steps."""
+    import yaml
+    from safetensors.torch import load_file
+
+    prompt = tiny_model(tmp_path / "sft", cpu_target)
+    shard = tmp_path / "search" / "shard-0000"
+    shard.mkdir(parents=True)
+    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
+    (tmp_path / "dataset").mkdir()
+    (tmp_path / "dataset" / "train.jsonl").write_text("".join(json.dumps(
+        {"workload": SPEC.id, "task": "construction", "prompt": prompt + " " * i, "completion": ""}) + "\n"
+        for i in range(4)))
+    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
+    raw["data"]["search_dir"] = str(tmp_path / "search")
+    raw["search"]["target"] = {"kind": "llvm", "num-cores": 2}
+    raw["rl"].update(model_dir=str(tmp_path / "sft"), output_dir=str(tmp_path / "rl"), dataset_dir=str(tmp_path / "dataset"),
+                     report=str(tmp_path / "rl.json"), steps=1, num_generations=2, prompts_per_step=1,
+                     max_completion_length=400, lora_r=4, resume=True, time_limit_s=None,
+                     reward={"workers": 1, "timeout_s": 60})
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("LITTLE_DRAGON_MLFLOW", "defer")
+    monkeypatch.chdir(tmp_path)
+    first = train_rl.main(str(params), progress=False)
+    after_first = load_file(tmp_path / "rl" / "adapter_model.safetensors")
+    second = train_rl.main(str(params), progress=False)
+    after_second = load_file(tmp_path / "rl" / "adapter_model.safetensors")
+    assert first["steps_done"] == 1 and second["steps_done"] == 2
+    assert [r["resumed_from"] for r in second["runs"]] == [None, str(tmp_path / "rl")]
+    assert [s["step"] for s in second["per_step"]] == [1, 2] and second["completions"] == 4
+    assert models.base_of(tmp_path / "rl") == str(tmp_path / "sft")
+    assert any(not (after_first[k] == after_second[k]).all() for k in after_first)   # trained further

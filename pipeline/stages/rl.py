@@ -14,6 +14,7 @@ log, saves and logs.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -48,6 +49,10 @@ class RLParams:
     # then ~1 MB beside the SFT weights instead of a second full copy); 0: full fine-tuning. An SFT
     # model that is itself an adapter (the 8B path) goes on training its own adapter either way.
     lora_r: int = 0
+    # continue the adapter in output_dir (an earlier run's, over the same model_dir) instead of
+    # starting from model_dir: GRPO on lent GPUs gets ~6 steps a 10-minute call, so its steps
+    # add up over calls and sessions; the report then covers every run
+    resume: bool = False
     seed: int = 0
     reward: dict = field(default_factory=dict)
 
@@ -89,11 +94,13 @@ def _group_spread(entries: list[dict], key: str | None) -> float:
     return sum(spreads) / len(spreads) if spreads else 0.0
 
 
-def summarize(log: list[dict], history: list[dict]) -> dict:
+def summarize(log: list[dict], history: list[dict], earlier: dict | None = None) -> dict:
+    """Per-step figures of this run's reward log; with `earlier` (the report of the run this one
+    resumed), its steps first, so the halves and totals cover every run."""
     steps: dict[int, list[dict]] = {}
     for e in log:
         steps.setdefault(e["step"], []).append(e)
-    per_step = []
+    per_step = list(earlier["per_step"]) if earlier else []
     for step, es in sorted(steps.items()):
         n = len(es)
         per_step.append({"step": step, "completions": n,
@@ -111,15 +118,38 @@ def summarize(log: list[dict], history: list[dict]) -> dict:
     def mean(xs, k):
         return sum(x[k] for x in xs) / len(xs) if xs else None
 
-    return {"per_step": per_step, "stages": dict(Counter(e["stage"] for e in log)),
-            "completions": len(log),
+    stages = Counter(e["stage"] for e in log) + Counter(earlier["stages"] if earlier else {})
+    completions = sum(stages.values())
+    return {"per_step": per_step, "stages": dict(stages), "completions": completions,
             "reward_first_half": mean(first, "reward"), "reward_second_half": mean(last, "reward"),
             "correct_share_first_half": mean(first, "correct_share"),
             "correct_share_second_half": mean(last, "correct_share"),
-            "correct_share": sum(e["stage"] == "ok" for e in log) / len(log) if log else None,
+            "correct_share": stages["ok"] / completions if completions else None,
             "steps_with_speed_spread": sum(r["speed_spread"] > 0 for r in per_step),
-            "trainer_log": [{k: v for k, v in h.items() if k.startswith(("reward", "loss", "step", "kl"))}
-                            for h in history]}
+            "trainer_log": (earlier["trainer_log"] if earlier else [])
+            + [{k: v for k, v in h.items() if k.startswith(("reward", "loss", "step", "kl"))} for h in history]}
+
+
+def resume_point(p: RLParams) -> tuple[str, dict | None]:
+    """(the model to start from, the report of the run it continues or None). With `resume`,
+    an adapter in output_dir over model_dir, with its report, is continued."""
+    from pipeline import models
+
+    report = Path(p.report)
+    if not p.resume or not models.is_adapter(p.output_dir) or not report.exists():
+        return p.model_dir, None
+    earlier = json.loads(report.read_text())
+    if models.base_of(p.output_dir) != str(p.model_dir) or earlier.get("start_model") != str(p.model_dir):
+        print(f"rl: {p.output_dir} is not an adapter over {p.model_dir} with its report: starting from {p.model_dir}")
+        return p.model_dir, None
+    return p.output_dir, earlier
+
+
+def steps_done(report: dict | None) -> int:
+    """GRPO steps a report covers (a run stopped by its time limit did `stopped_at` of them)."""
+    if not report:
+        return 0
+    return report.get("steps_done", report.get("stopped_at") or report.get("steps", 0))
 
 
 def _plot(summary: dict, path: str) -> None:
@@ -184,15 +214,18 @@ def guided_rollout(kernel_of: dict, temperature: float, top_p: float, max_new_to
     return rollout
 
 
-def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: bool = True):
+def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: bool = True,
+          start_dir: str | None = None, seed: int | None = None):
+    """GRPO from `start_dir` (default model_dir; resume_point gives an earlier run's adapter)."""
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from pipeline import models
 
+    start_dir = start_dir or p.model_dir
     rp = P.from_dict(RewardParams, p.reward, "rl.reward")
-    model, tokenizer = models.load(p.model_dir, trainable=True)
+    model, tokenizer = models.load(start_dir, trainable=True)
     reward = ShapedReward(Measurer(specs, target_spec, rp.timeout_s, rp.workers), rp)
     args = GRPOConfig(
         output_dir=str(Path(p.output_dir).parent / ".rl-work"), max_steps=p.steps,
@@ -200,7 +233,7 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
         num_generations=p.num_generations,
         learning_rate=p.learning_rate, beta=p.beta, temperature=p.temperature, top_p=p.top_p,
         max_completion_length=p.max_completion_length, logging_steps=1, save_strategy="no", report_to="none",
-        seed=p.seed, bf16=p.bf16, gradient_checkpointing=p.gradient_checkpointing,
+        seed=p.seed if seed is None else seed, bf16=p.bf16, gradient_checkpointing=p.gradient_checkpointing,
         use_cpu=not torch.cuda.is_available(), disable_tqdm=not progress, dataloader_num_workers=0)
     from pipeline.tvm_env import make_target
     from pipeline.workloads import Spec, build
@@ -213,7 +246,7 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
 
     stop = time_limit(p.time_limit_s)
     peft_config = None
-    if p.lora_r and not models.is_adapter(p.model_dir):
+    if p.lora_r and not models.is_adapter(start_dir):
         from peft import LoraConfig
 
         model.config._name_or_path = str(p.model_dir)      # the adapter's base, as the registry and loader read it
@@ -232,20 +265,31 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     p = P.load("rl", RLParams, params_path)
     raw = yaml.safe_load(Path(params_path).read_text())
     rows = list(files.read_jsonl(Path(p.dataset_dir) / "train.jsonl"))
-    prompts = training_prompts(rows, p.max_prompts, p.seed)
+    start_dir, earlier = resume_point(p)
+    before = steps_done(earlier)
+    seed = p.seed + before                 # a resumed run draws other prompts than the runs before it
+    prompts = training_prompts(rows, p.max_prompts, seed)
     specs = records.workload_entries(raw["data"]["search_dir"])
     start = time.perf_counter()
-    model, tokenizer, reward, history, stopped_at = train(p, prompts, specs, raw["search"]["target"], progress)
+    model, tokenizer, reward, history, stopped_at = train(p, prompts, specs, raw["search"]["target"], progress,
+                                                          start_dir=start_dir, seed=seed)
     seconds = time.perf_counter() - start
     log = distributed.gather(reward.log)                  # every process's rollouts, all ranks take part
     checked = sum(distributed.gather([reward.measurer.builds]))
     if not distributed.is_main():
         return {}
     out = files.save_model_dir(model, tokenizer, p.output_dir, bf16=p.bf16)   # a fresh folder, swapped in
-    summary = summarize(log, history)
-    report = {"start_model": p.model_dir, "train_seconds": round(seconds, 1), "steps": p.steps,
+    for e in log:
+        e["step"] += before
+    summary = summarize(log, history, earlier)
+    done = stopped_at if stopped_at is not None else p.steps
+    run = {"resumed_from": start_dir if earlier else None, "steps": done, "seconds": round(seconds, 1),
+           "time_limit_s": p.time_limit_s, "checked_scripts": checked}
+    report = {"start_model": p.model_dir, "train_seconds": round(seconds + (earlier or {}).get("train_seconds", 0), 1),
+              "steps": p.steps, "steps_done": before + done, "runs": (earlier or {}).get("runs", []) + [run],
               "time_limit_s": p.time_limit_s, "stopped_at": stopped_at,
-              "prompts": len(prompts), "checked_scripts": checked, "processes": distributed.world_size(),
+              "prompts": len(prompts), "checked_scripts": checked + (earlier or {}).get("checked_scripts", 0),
+              "processes": distributed.world_size(),
               "cache_entries": len(reward.measurer.cache), "reward_params": asdict(reward.rp),
               **summary}
     files.write_json(p.report, report)
@@ -257,7 +301,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
                if report[k] is not None}
     report["mlflow_run_id"] = tracking.log_run("rl", asdict(p), metrics, curve, [p.report, plot])
     files.write_json(p.report, report)
-    print(f"rl: {p.steps} GRPO steps in {seconds:.0f} s, {checked} scripts checked; mean reward "
+    print(f"rl: {done} GRPO steps in {seconds:.0f} s ({before + done} in all), {checked} scripts checked; mean reward "
           f"{summary['reward_first_half']:.3f} (first half) -> {summary['reward_second_half']:.3f} (second half); "
           f"stages {summary['stages']} -> {out}, {p.report}")
     return report
