@@ -228,6 +228,17 @@ def test_a_kernel_metaschedule_raises_on_costs_only_itself(tmp_path, cpu_target,
     assert calls == [["good", "alone"]] and second[1].ms_error == first[1].ms_error
 
 
+class Timer:
+    """A stand-in for the evaluation's measurer: script "sN" runs in N seconds; records what it timed."""
+
+    def __init__(self):
+        self.seen = []
+
+    def measure(self, pairs):
+        self.seen += [s for _, s in pairs]
+        return [ok(float(s[1:])) for _, s in pairs]
+
+
 def test_retiming_only_metaschedules_fastest_and_first_candidates(tmp_path, cpu_target):
     """metaschedule_retime N: the checker times MetaSchedule's first K and its N fastest (by its own
     measurement); the rest are "untimed", never a failure counted as slow. A full re-timing kept
@@ -236,14 +247,6 @@ def test_retiming_only_metaschedules_fastest_and_first_candidates(tmp_path, cpu_
 
     from pipeline.metaschedule import Tuned
     from pipeline.params import from_dict
-
-    class Timer:
-        def __init__(self):
-            self.seen = []
-
-        def measure(self, pairs):
-            self.seen += [s for _, s in pairs]
-            return [ok(float(s[1:])) for _, s in pairs]
 
     tuned = Tuned(["s9", "s1", None, "s2", "s3"], [9.0, 1.0, None, 2.0, 3.0], 10.0, 5)
     assert evaluate.retime_selection(tuned.ms_latency_s, 1, 2) == {0, 1, 3}
@@ -272,14 +275,6 @@ def test_a_retiming_serves_only_the_run_it_timed(tmp_path, cpu_target):
     as many candidates (a kept task tuned again) is re-timed, never given the old run's figures."""
     from pipeline.metaschedule import Tuned
     from pipeline.params import from_dict
-
-    class Timer:
-        def __init__(self):
-            self.seen = []
-
-        def measure(self, pairs):
-            self.seen += [s for _, s in pairs]
-            return [ok(float(s[1:])) for _, s in pairs]
 
     p = from_dict(evaluate.EvalParams, dict(attempts=1, archive_dir=str(tmp_path / "kept")))
     first, again = Tuned(["s1", "s2"], [1.0, 2.0], 1.0, 2, "run-a"), Tuned(["s7", "s8"], [7.0, 8.0], 1.0, 2, "run-b")

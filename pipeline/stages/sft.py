@@ -197,7 +197,7 @@ def per_attempt_correctness(model, tokenizer, rows: list[dict], specs: dict[str,
     from pipeline.workloads import Spec, build
 
     g = P.from_dict(GenerationParams, p.generation, "sft.generation")
-    checker = Checker(timeout_s=p.check_timeout_s)
+    checker = Checker(timeout_s=p.check_timeout_s, workers=g.attempts)   # a prompt's attempts built side by side
     target = make_target(target_spec)
     result = {}
     for task, chosen in eval_prompts(rows, p.eval_prompts, p.seed).items():
@@ -206,8 +206,7 @@ def per_attempt_correctness(model, tokenizer, rows: list[dict], specs: dict[str,
         for r in tqdm(chosen, desc=f"eval {task}", disable=not progress):
             mod = build(Spec.from_json(specs[r["workload"]]))
             scripts = generate(model, tokenizer, [r["prompt"]], g, seed=p.seed, kernels=[(mod, target)]).scripts[0]
-            for text in scripts:
-                outcome = checker.check(mod, text, target_spec)
+            for text, outcome in zip(scripts, checker.check_many(mod, scripts, target_spec)):
                 counts[outcome.stage] += 1
                 if len(samples) < 3:
                     samples.append({"script": text, **outcome.to_json()})
@@ -215,6 +214,7 @@ def per_attempt_correctness(model, tokenizer, rows: list[dict], specs: dict[str,
         result[task] = {"prompts": len(chosen), "attempts": attempts,
                         "correctness": counts["ok"] / attempts if attempts else None,
                         "failures_by_stage": {k: v for k, v in counts.items() if k != "ok"}, "samples": samples}
+    checker.close()
     return result
 
 
