@@ -383,21 +383,26 @@ class GuidedLogits:
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         start = time.perf_counter()
-        masked = torch.full_like(scores, -math.inf)
+        # The mask is made on the host and sent once: on a GPU, per-row reads of the last token
+        # and per-row index tensors cost a device sync and several kernel launches each.
+        last = input_ids[:, -1].tolist() if input_ids.shape[1] > self.prompt_len else None
+        allow = torch.zeros(scores.shape, dtype=torch.bool)
+        ended = []
         for row, c in enumerate(self.constraints):
-            if input_ids.shape[1] > self.prompt_len and not c.done:
-                c.feed(int(input_ids[row, -1]))
-            if c.done or not c.branches:
+            if last is not None and not c.done:
+                c.feed(last[row])
+            ids = c.allowed() if not c.done and c.branches else []
+            if not ids:          # finished, dead, or no continuation (then incomplete): only EOS follows
                 c.done = True
-                masked[row, c.vocab.eos] = 0.0   # finished (or dead): only EOS/padding follows
+                ended.append(row)
+                allow[row, c.vocab.eos] = True
                 continue
-            ids = c.allowed()
-            if not ids:          # no continuation: end the script here (it is then incomplete)
-                c.done = True
-                masked[row, c.vocab.eos] = 0.0
-                continue
-            idx = torch.tensor(ids, dtype=torch.long, device=scores.device)
-            masked[row, idx] = scores[row, idx] / max(self.temperature, 1e-5)
+            allow[row, ids] = True
+        allow = allow.to(scores.device, non_blocking=True)
+        masked = torch.where(allow, scores / max(self.temperature, 1e-5), -math.inf)
+        if ended:
+            rows = torch.tensor(ended, device=scores.device)
+            masked[rows] = torch.where(allow[rows], 0.0, -math.inf)
         if self.top_p < 1.0:
             masked = _top_p(masked, self.top_p)
         self.mask_seconds += time.perf_counter() - start
