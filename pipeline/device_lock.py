@@ -26,17 +26,51 @@ def path() -> str | None:
 
 
 @contextlib.contextmanager
-def held(lock_path: str | None = None):
-    """Hold the device lock (`lock_path`, default this process's) for the block; yields the
-    seconds spent waiting for it."""
+def _locked(lock_path: str | None):
+    """(the lock file's descriptor or None when nothing is locked, seconds spent waiting)."""
     lock_path = lock_path or path()
     if not lock_path:
-        yield 0.0
+        yield None, 0.0
         return
     fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         start = time.perf_counter()
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield time.perf_counter() - start
+        yield fd, time.perf_counter() - start
     finally:
         os.close(fd)        # closing the descriptor releases the lock
+
+
+@contextlib.contextmanager
+def held(lock_path: str | None = None):
+    """Hold the device lock (`lock_path`, default this process's) for the block; yields the
+    seconds spent waiting for it."""
+    with _locked(lock_path) as (_, waited):
+        yield waited
+
+
+class Lease:
+    """The device lock held for a block of work that is partly on the host: `paused()` lets the
+    other processes measure meanwhile (guided decoding's mask work between two forward passes of
+    the model) and takes the lock back before the device is used again."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    @contextlib.contextmanager
+    def paused(self):
+        if self.fd is None:
+            yield
+            return
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+
+@contextlib.contextmanager
+def lease(lock_path: str | None = None):
+    """Hold the device lock for the block, as `held` does, yielding a Lease that can pause it."""
+    with _locked(lock_path) as (fd, _):
+        yield Lease(fd)

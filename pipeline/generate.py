@@ -11,6 +11,7 @@ kernel (+ script) -> k sampled scripts, guided by the kernel's design space by d
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -64,9 +65,10 @@ def _sample(model, tokenizer, prompt: str, n: int, g: GenerationParams, processo
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: int = 0,
-             kernels: list | None = None) -> Written:
+             kernels: list | None = None, lease=None) -> Written:
     """`g.attempts` scripts per prompt. `kernels[i]` = (mod, target) of prompt i; required
-    when `g.guided`."""
+    when `g.guided`. `lease`: the device lock held around this call on a shared GPU
+    (pipeline.device_lock.lease); guided decoding pauses it while it makes its masks."""
     from pipeline import guided
 
     torch.manual_seed(seed)
@@ -90,7 +92,7 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
             if not todo:
                 break
             cons = [guided.ScriptConstraint(mod, target, vocab, templates) for _ in todo]
-            proc = guided.GuidedLogits(cons, 0, g.temperature, g.top_p)
+            proc = guided.GuidedLogits(cons, 0, g.temperature, g.top_p, lease)
             ids = _sample(model, tokenizer, prompt, len(todo), g, proc)
             out.mask_seconds += proc.mask_seconds
             out.tokens += sum(len(x) for x in ids)
@@ -101,7 +103,9 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
                 c.close()
                 text = clean(tokenizer.decode(x, skip_special_tokens=True))
                 scripts[k], complete[k], token_ids[k] = text, c.complete, x
-                if c.complete and round_ < g.retries and not _postprocesses(mod, text, target):
+                with lease.paused() if lease is not None else contextlib.nullcontext():   # host-only work
+                    rejected = c.complete and round_ < g.retries and not _postprocesses(mod, text, target)
+                if rejected:
                     retry.append(k)
             out.retries += len(retry)
             todo = retry

@@ -22,6 +22,7 @@ sketch's live schedule (sketch.Walk), which yields the next decision's domain.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -376,10 +377,13 @@ class GuidedLogits:
     warpers off: do_sample=True, temperature=1.0, top_p=1.0, top_k=0."""
 
     def __init__(self, constraints: list[ScriptConstraint], prompt_len: int, temperature: float = 1.0,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, lease=None):
         self.constraints, self.prompt_len = constraints, prompt_len
         self.temperature, self.top_p = temperature, top_p
         self.mask_seconds = 0.0
+        # a pipeline.device_lock.Lease held around generation on a shared GPU: released while
+        # the masks are made on the host, so other processes' timings can run between two steps
+        self.lease = lease
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         start = time.perf_counter()
@@ -388,16 +392,17 @@ class GuidedLogits:
         last = input_ids[:, -1].tolist() if input_ids.shape[1] > self.prompt_len else None
         allow = torch.zeros(scores.shape, dtype=torch.bool)
         ended = []
-        for row, c in enumerate(self.constraints):
-            if last is not None and not c.done:
-                c.feed(last[row])
-            ids = c.allowed() if not c.done and c.branches else []
-            if not ids:          # finished, dead, or no continuation (then incomplete): only EOS follows
-                c.done = True
-                ended.append(row)
-                allow[row, c.vocab.eos] = True
-                continue
-            allow[row, ids] = True
+        with self.lease.paused() if self.lease is not None else contextlib.nullcontext():
+            for row, c in enumerate(self.constraints):
+                if last is not None and not c.done:
+                    c.feed(last[row])
+                ids = c.allowed() if not c.done and c.branches else []
+                if not ids:          # finished, dead, or no continuation (then incomplete): only EOS follows
+                    c.done = True
+                    ended.append(row)
+                    allow[row, c.vocab.eos] = True
+                    continue
+                allow[row, ids] = True
         allow = allow.to(scores.device, non_blocking=True)
         masked = torch.where(allow, scores / max(self.temperature, 1e-5), -math.inf)
         if ended:

@@ -51,3 +51,32 @@ def test_unset_means_no_lock(monkeypatch):
     assert device_lock.path() is None
     with device_lock.held() as waited:
         assert waited == 0.0
+
+
+def _try_hold(lock: str, out) -> None:
+    with device_lock.held(lock) as waited:
+        out.put(("got", time.time(), waited))
+
+
+def test_a_paused_lease_lets_another_process_measure_and_is_taken_back(tmp_path):
+    """Generation on a shared GPU holds a lease and pauses it for host-only work: another
+    process's measurement runs inside the pause, and the lease holds the lock again after it."""
+    ctx = multiprocessing.get_context("spawn")
+    lock = str(tmp_path / "gpu0.lock")
+    out = ctx.Queue()
+    with device_lock.lease(lock) as lease:
+        other = ctx.Process(target=_try_hold, args=(lock, out))
+        other.start()
+        time.sleep(1.0)
+        assert out.empty()                              # held: the other process waits
+        with lease.paused():
+            tag, when, waited = out.get(timeout=60)     # it measures during the pause
+        other.join()
+        late = ctx.Process(target=_try_hold, args=(lock, out))
+        late.start()
+        time.sleep(1.0)
+        assert out.empty()                              # taken back after the pause
+        released = time.time()
+    tag, when, _ = out.get(timeout=60)
+    late.join()
+    assert tag == "got" and when >= released and waited >= 0.9

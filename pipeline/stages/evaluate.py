@@ -24,7 +24,7 @@ task are kept there (for git) and reused by the next step while their settings a
 are the same; the metrics are written by the step that finds every task done. A step can run
 one phase alone: `--metaschedule-only` (no model needed) or `--models-only` (the models on the
 tasks whose MetaSchedule run is kept; on a GPU shared by several processes, generation holds the
-device lock as the timings do, pipeline.device_lock).
+device lock as the timings do, except while guided decoding makes its masks on the host).
 """
 
 from __future__ import annotations
@@ -424,14 +424,14 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
         if model is None:
             model, tok = models.load(model_dir)
         start = time.perf_counter()
-        with device_lock.held():     # on a shared GPU no timing runs beside the model's kernels
-            w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)])
+        with device_lock.lease() as lease:   # on a shared GPU no timing runs beside the model's kernels
+            w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)], lease=lease)
         cons = _incomplete_fail(measurer.measure([(t.key, s) for s in w.scripts[0]], t.timed), w.complete[0])
         seconds = time.perf_counter() - start
         refs, complete, tokens, gen_s, retries = [], list(w.complete[0]), w.tokens, w.seconds, w.retries
         for prompt, src in t.refinements:
-            with device_lock.held():
-                wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)])
+            with device_lock.lease() as lease:
+                wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)], lease=lease)
             outs = _incomplete_fail(measurer.measure([(t.key, s) for s in wr.scripts[0]], t.timed), wr.complete[0])
             refs.append({"source": measurer.measure([(t.key, src)], t.timed)[0], "attempts": outs,
                          "complete": wr.complete[0]})
