@@ -6,7 +6,8 @@ two or three tuning processes can share one GPU; but two timings at once would d
 other. A process that shares its GPU names a lock file in `LITTLE_DRAGON_DEVICE_LOCK` (the
 search stage does so for a GPU listed more than once in `search.devices`), and every
 measurement holds it: a MetaSchedule runner's batch (`pipeline.tuning.LockedRunner`) and the
-checker's runs and timings (`pipeline.verify.Checker`). It is an `flock`, so the kernel
+checker's runs and timings (`pipeline.verify.Checker`), and the evaluation's generation (a
+`lease`, paused while guided decoding works on the host). It is an `flock`, so the kernel
 releases it when its holder dies; unset, nothing is locked.
 """
 
