@@ -405,9 +405,8 @@ class GuidedLogits:
                 allow[row, ids] = True
         allow = allow.to(scores.device, non_blocking=True)
         masked = torch.where(allow, scores / max(self.temperature, 1e-5), -math.inf)
-        if ended:
-            rows = torch.tensor(ended, device=scores.device)
-            masked[rows] = torch.where(allow[rows], 0.0, -math.inf)
+        if ended:            # their only allowed token, EOS, gets logit 0
+            masked[ended, [self.constraints[r].vocab.eos for r in ended]] = 0.0
         if self.top_p < 1.0:
             masked = _top_p(masked, self.top_p)
         self.mask_seconds += time.perf_counter() - start

@@ -33,13 +33,18 @@ def tiny_model(out_dir, target, steps: int = 40) -> str:
     return prompt
 
 
+def search_folder(path: Path) -> None:
+    """A search work folder whose one shard lists SPEC (where the stages look workloads up)."""
+    shard = path / "shard-0000"
+    shard.mkdir(parents=True)
+    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
+
+
 def eval_params(tmp_path, target, search: dict | None = None, **evaluate) -> Path:
     """A params file for an evaluation of a tiny model on SPEC (one test workload with a
     construction prompt) plus what `evaluate` sets; returns its path."""
     tiny_model(tmp_path / "model", target, steps=60)
-    shard = tmp_path / "search" / "shard-0000"
-    shard.mkdir(parents=True)
-    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
+    search_folder(tmp_path / "search")
     (tmp_path / "dataset").mkdir()
     prompt = construction_prompt(describe(build(SPEC)), "llvm")
     (tmp_path / "dataset" / "test.jsonl").write_text(json.dumps(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SPEC, tiny_model
+from helpers import SPEC, search_folder, tiny_model
 
 from pipeline import models
 from pipeline.stages import rl as train_rl
@@ -104,9 +104,7 @@ def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatc
     from safetensors.torch import load_file
 
     prompt = tiny_model(tmp_path / "sft", cpu_target)
-    shard = tmp_path / "search" / "shard-0000"
-    shard.mkdir(parents=True)
-    (shard / "workloads.json").write_text(json.dumps([{**SPEC.to_json(), "hash": "0", "target": "llvm"}]))
+    search_folder(tmp_path / "search")
     (tmp_path / "dataset").mkdir()
     (tmp_path / "dataset" / "train.jsonl").write_text("".join(json.dumps(
         {"workload": SPEC.id, "task": "construction", "prompt": prompt + " " * i, "completion": ""}) + "\n"
