@@ -107,6 +107,20 @@ def _rl(args) -> int:
 def _evaluate(args) -> int:
     from pipeline.stages import evaluate
 
+    if args.interim:
+        from pipeline import interim
+
+        try:
+            out = interim.report(args.params)
+        except interim.InterimError as err:
+            print(f"little-dragon evaluate --interim: {err}", file=sys.stderr)
+            return 2
+        for label, m in out["per_model"].items():
+            c, r = m["construction"], m["refinement"]
+            print(f"evaluate (interim): {label} on {m['tasks_done']} of {out['tasks_total']} tasks: construction "
+                  f"correctness {evaluate._fmt(c['correctness'])}, refinement {evaluate._fmt(r['correctness'])}, speedup "
+                  f"{evaluate._fmt(c['speedup_geomean'])}, latency/MS@K {evaluate._fmt(m['vs_metaschedule']['latency_ratio'])}")
+        return 0
     metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after, part=args.part,
                             metaschedule_only=args.metaschedule_only, models_only=args.models_only)
     if "incomplete" in metrics:
@@ -279,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="run the MetaSchedule baseline phase alone and keep it in evaluate.archive_dir (no model needed)")
     phase.add_argument("--models-only", action="store_true",
                        help="run the models' phase alone, on the tasks whose MetaSchedule run is kept in evaluate.archive_dir")
+    phase.add_argument("--interim", action="store_true",
+                       help="the figures so far of an evaluation in steps, from evaluate.archive_dir alone (interim.json, "
+                            "interim.md beside the metrics; nothing run, generated or registered)")
     p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("pull", help="fetch the champion model from the MLflow registry")

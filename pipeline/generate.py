@@ -12,6 +12,7 @@ kernel (+ script) -> k sampled scripts, guided by the kernel's design space by d
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,15 @@ class GenerationParams:
     max_new_tokens: int = 1024
     guided: bool = True        # design-space-guided decoding (pipeline.guided)
     retries: int = 2           # per attempt: rewrite a complete script that postprocessing rejects
+    batch_rows: int = 64       # (prompt, attempt) rows sampled together in one batch
+
+    def __post_init__(self):
+        from pipeline import params as P
+
+        P.require(self.attempts >= 1, "generation.attempts must be >= 1")
+        P.require(self.max_new_tokens >= 1, "generation.max_new_tokens must be >= 1")
+        P.require(self.retries >= 0, "generation.retries must be >= 0")
+        P.require(self.batch_rows >= 1, "generation.batch_rows must be >= 1 (rows sampled together)")
 
 
 @dataclass
@@ -38,6 +48,8 @@ class Written:
     retries: int = 0
     mask_seconds: float = 0.0
     token_ids: list[list[list[int]]] = field(default_factory=list)  # per prompt, per attempt (RL trains on these)
+    prompt_tokens: list[int] = field(default_factory=list)   # per prompt: tokens generated, retries included
+    prompt_retries: list[int] = field(default_factory=list)  # per prompt: scripts written again
 
 
 def clean(completion: str) -> str:
@@ -45,9 +57,15 @@ def clean(completion: str) -> str:
     return completion.split("\n\n")[0].strip("\n ")
 
 
-def _sample(model, tokenizer, prompt: str, n: int, g: GenerationParams, processor=None, min_new_tokens: int = 0):
-    enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
-    kw = dict(do_sample=True, max_new_tokens=g.max_new_tokens, num_return_sequences=n, min_new_tokens=min_new_tokens,
+def _sample(model, tokenizer, rows: list[str], g: GenerationParams, processor=None, min_new_tokens: int = 0):
+    """One sampled continuation per row (rows may repeat a prompt), left-padded into one batch."""
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"      # decoder-only: every row's last prompt token at the same column
+    try:
+        enc = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    finally:
+        tokenizer.padding_side = side
+    kw = dict(do_sample=True, max_new_tokens=g.max_new_tokens, min_new_tokens=min_new_tokens,
               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     if processor is None:
         kw.update(temperature=g.temperature, top_p=g.top_p, top_k=0)
@@ -63,61 +81,77 @@ def _sample(model, tokenizer, prompt: str, n: int, g: GenerationParams, processo
     return ids
 
 
+def _chunks(rows: list, size: int) -> list[list]:
+    return [rows[i:i + size] for i in range(0, len(rows), max(1, size))]
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: int = 0,
              kernels: list | None = None, lease=None) -> Written:
-    """`g.attempts` scripts per prompt. `kernels[i]` = (mod, target) of prompt i; required
-    when `g.guided`. `lease`: the device lock held around this call on a shared GPU
-    (pipeline.device_lock.lease); guided decoding pauses it while it makes its masks."""
+    """`g.attempts` scripts per prompt, every (prompt, attempt) a row of one batched generation
+    (at most `g.batch_rows` rows a batch: an evaluation writes for many kernels at once).
+    `kernels[i]` = (mod, target) of prompt i; required when `g.guided`. `lease`: the device
+    lock held around this call on a shared GPU (pipeline.device_lock.lease); guided decoding
+    pauses it while it makes its masks and checks rewrites on the host."""
     from pipeline import guided
 
     torch.manual_seed(seed)
     model.eval()
     start = time.perf_counter()
-    out = Written([], [], token_ids=[])
-    vocab = guided.vocab_for(tokenizer) if g.guided else None
-    for i, prompt in enumerate(prompts):
-        if not g.guided:
-            ids = _sample(model, tokenizer, prompt, g.attempts, g)
-            out.tokens += sum(len(x) for x in ids)
-            out.token_ids.append(ids)
-            out.scripts.append([clean(tokenizer.decode(x, skip_special_tokens=True)) for x in ids])
-            out.complete.append([None] * g.attempts)
-            continue
+    n = len(prompts)
+    out = Written([[None] * g.attempts for _ in range(n)], [[None] * g.attempts for _ in range(n)],
+                  token_ids=[[[] for _ in range(g.attempts)] for _ in range(n)], prompt_tokens=[0] * n,
+                  prompt_retries=[0] * n)
+    rows = [(i, k) for i in range(n) for k in range(g.attempts)]
+    if not g.guided:
+        for chunk in _chunks(rows, g.batch_rows):
+            for (i, k), x in zip(chunk, _sample(model, tokenizer, [prompts[i] for i, _ in chunk], g)):
+                out.tokens += len(x)
+                out.prompt_tokens[i] += len(x)
+                out.token_ids[i][k] = x
+                out.scripts[i][k] = clean(tokenizer.decode(x, skip_special_tokens=True))
+        out.seconds = time.perf_counter() - start
+        return out
+    vocab = guided.vocab_for(tokenizer)
+    templates: dict[int, list] = {}      # per kernel, shared by its prompts (construction + refinements)
+    for i in range(n):
         mod, target = kernels[i]
-        templates = guided.make_templates(mod, target)
-        scripts, complete, token_ids = [None] * g.attempts, [False] * g.attempts, [[] for _ in range(g.attempts)]
-        todo = list(range(g.attempts))
-        for round_ in range(g.retries + 1):
-            if not todo:
-                break
-            cons = [guided.ScriptConstraint(mod, target, vocab, templates) for _ in todo]
+        if id(mod) not in templates:
+            templates[id(mod)] = guided.make_templates(mod, target)
+    out.complete = [[False] * g.attempts for _ in range(n)]
+    todo = rows
+    for round_ in range(g.retries + 1):
+        if not todo:
+            break
+        retry = []
+        for chunk in _chunks(todo, g.batch_rows):
+            cons = [guided.ScriptConstraint(*kernels[i], vocab, templates[id(kernels[i][0])]) for i, _ in chunk]
             proc = guided.GuidedLogits(cons, 0, g.temperature, g.top_p, lease)
-            ids = _sample(model, tokenizer, prompt, len(todo), g, proc)
+            ids = _sample(model, tokenizer, [prompts[i] for i, _ in chunk], g, proc)
             out.mask_seconds += proc.mask_seconds
             out.tokens += sum(len(x) for x in ids)
-            retry = []
-            for k, c, x in zip(todo, cons, ids):
+            for (i, k), c, x in zip(chunk, cons, ids):
+                out.prompt_tokens[i] += len(x)
                 if x and x[-1] == tokenizer.eos_token_id and not c.done:
                     c.feed(x[-1])    # generation stopped at this EOS before the processor saw it
                 c.close()
-                text = clean(tokenizer.decode(x, skip_special_tokens=True))
-                scripts[k], complete[k], token_ids[k] = text, c.complete, x
+                out.scripts[i][k] = clean(tokenizer.decode(x, skip_special_tokens=True))
+                out.complete[i][k], out.token_ids[i][k] = c.complete, x
+            if round_ < g.retries:     # a complete script that postprocessing rejects is written again
+                check = [(i, k) for i, k in chunk if out.complete[i][k]]
                 with lease.paused() if lease is not None else contextlib.nullcontext():   # host-only work
-                    rejected = c.complete and round_ < g.retries and not _postprocesses(mod, text, target)
-                if rejected:
-                    retry.append(k)
-            out.retries += len(retry)
-            todo = retry
-        out.scripts.append(scripts)
-        out.complete.append(complete)
-        out.token_ids.append(token_ids)
+                    ok = _postprocess_many([(kernels[i][0], out.scripts[i][k], kernels[i][1]) for i, k in check])
+                retry += [row for row, good in zip(check, ok) if not good]
+        out.retries += len(retry)
+        for i, _ in retry:
+            out.prompt_retries[i] += 1
+        todo = retry
     out.seconds = time.perf_counter() - start
     return out
 
 
 POSTPROCESS_TIMEOUT_S = 120.0
-_GUARD: list = []     # this process's Checker, whose worker runs the postprocessing check
+_GUARD: list = []     # this process's Checker, whose workers run the postprocessing checks
 
 
 def _decodes(mod_json: str, text: str, target_spec) -> bool:
@@ -131,20 +165,32 @@ def _decodes(mod_json: str, text: str, target_spec) -> bool:
         return False
 
 
+def _guard():
+    from pipeline.verify import Checker
+
+    if not _GUARD:     # a batch's rewrites are checked side by side, on up to half the cores
+        _GUARD.append(Checker(timeout_s=POSTPROCESS_TIMEOUT_S, workers=max(1, min(8, (os.cpu_count() or 2) // 2))))
+    return _GUARD[0]
+
+
 def guarded(fn, *args, timeout_s: float = POSTPROCESS_TIMEOUT_S):
     """fn(*args) in a worker process with a timeout (TVM can hang or crash on a schedule),
     through the checker's worker call; None if it timed out, crashed or raised."""
-    from pipeline.verify import Checker, Outcome
+    from pipeline.verify import Outcome
 
-    if not _GUARD:
-        _GUARD.append(Checker(timeout_s=timeout_s))
-    out = _GUARD[0].call("postproc", fn, *args, timeout_s=timeout_s)
+    out = _guard().call("postproc", fn, *args, timeout_s=timeout_s)
     return None if isinstance(out, Outcome) else out
 
 
-def _postprocesses(mod, text: str, target) -> bool:
-    """Whether the target's postprocessors accept a complete guided script (decode runs them),
-    checked in a worker process: a TVM hang or crash on this script makes it "no"."""
+def _postprocess_many(items: list[tuple]) -> list[bool]:
+    """Whether the target's postprocessors accept each complete guided script (mod, text,
+    target) (decode runs them), checked side by side in worker processes: a TVM hang or crash
+    on a script makes it "no"."""
     from pipeline.tvm_env import tvm
+    from pipeline.verify import Outcome
 
-    return bool(guarded(_decodes, tvm.ir.save_json(mod), text, target.export()))
+    mods = {id(mod): mod for mod, _, _ in items}
+    saved = {key: tvm.ir.save_json(mod) for key, mod in mods.items()}
+    jobs = [(saved[id(mod)], text, target.export()) for mod, text, target in items]
+    outs = _guard().call_many("postproc", _decodes, jobs, timeout_s=POSTPROCESS_TIMEOUT_S)
+    return [not isinstance(o, Outcome) and bool(o) for o in outs]

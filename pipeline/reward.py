@@ -90,15 +90,11 @@ class Measurer:
         to time repeatedly on this machine); a timed result also answers an untimed request."""
         with self._lock:
             cache = self.cache if timed else self.untimed
-            todo: dict[str, list[str]] = {}
-            for w, s in pairs:
-                if (w, s) not in self.cache and (w, s) not in cache and s not in todo.setdefault(w, []):
-                    todo[w].append(s)
-            for w, scripts in todo.items():
-                if scripts:
-                    outs = self.checker.check_many(self.module(w), scripts, self.target_spec, timed=timed)
-                    self.builds += len(scripts)
-                    cache.update({(w, s): o for s, o in zip(scripts, outs)})
+            todo = list(dict.fromkeys(p for p in pairs if p not in self.cache and p not in cache))
+            if todo:     # every kernel's scripts side by side
+                outs = self.checker.check_pairs([(self.module(w), s) for w, s in todo], self.target_spec, timed=timed)
+                self.builds += len(todo)
+                cache.update(zip(todo, outs))
             return [self.cache.get(p) or cache[p] for p in pairs]
 
 

@@ -257,6 +257,10 @@ class Checker:
         except Exception as err:   # noqa: BLE001 - raised inside the worker: still this phase's outcome
             return Outcome(phase, f"{type(err).__name__}: {_short(err)}")
 
+    def call_many(self, phase: str, fn, arg_lists: list[tuple], timeout_s: float | None = None) -> list:
+        """call() for each argument tuple, side by side in the checker's workers."""
+        return list(self._threads.map(lambda args: self.call(phase, fn, *args, timeout_s=timeout_s), arg_lists))
+
     def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool) -> Outcome:
         built = self.call("build", _worker_build, mod_json, text, target_spec, seed)
         if isinstance(built, Outcome):
@@ -282,8 +286,16 @@ class Checker:
         return self.check_many(mod, [text], target_spec, seed, timed)[0]
 
     def check_many(self, mod, texts: list[str], target_spec, seed: int = 0, timed: bool = False) -> list[Outcome]:
-        mod_json = tvm.ir.save_json(mod)
-        return list(self._threads.map(lambda t: self._check_one(mod_json, t, target_spec, seed, timed), texts))
+        return self.check_pairs([(mod, t) for t in texts], target_spec, seed, timed)
+
+    def check_pairs(self, items: list[tuple], target_spec, seed: int = 0, timed: bool = False) -> list[Outcome]:
+        """check of each (kernel, script), all side by side: several kernels' scripts build at once."""
+        saved: dict[int, str] = {}
+        for mod, _ in items:
+            if id(mod) not in saved:
+                saved[id(mod)] = tvm.ir.save_json(mod)
+        return list(self._threads.map(lambda it: self._check_one(saved[id(it[0])], it[1], target_spec, seed, timed),
+                                      items))
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)

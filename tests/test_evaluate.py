@@ -61,6 +61,18 @@ def test_incomplete_guided_scripts_are_failures():
     assert [o.stage for o in outs] == ["ok", "decode", "ok"] and "incomplete" in outs[1].error
 
 
+def test_tasks_are_batched_by_rows_in_order():
+    """Whole tasks fill a generation batch of `rows` (prompts x attempts), in order; a task too
+    big for one batch still gets one of its own."""
+    def task(key, refinements):
+        return evaluate.Task(key, "catalog", None, refinements=[("q", "s")] * refinements)
+
+    tasks = [task("a", 2), task("b", 0), task("c", 1), task("d", 5), task("e", 0)]
+    chunks = evaluate._task_chunks(tasks, attempts=4, rows=16)     # rows: 12, 4, 8, 24, 4
+    assert [[t.key for t in c] for c in chunks] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert [t.key for c in chunks for t in c] == [t.key for t in tasks]
+
+
 def test_rl_vs_sft_counts_only_strictly_faster_correct_kernels():
     tasks = _tasks()
     sft = {"a": {"construction": [ok(0.5)], "refinement": [{"attempts": [ok(0.3)]}]},

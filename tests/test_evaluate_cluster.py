@@ -12,8 +12,14 @@ pytestmark = pytest.mark.slow      # multi-minute, run by `make test`'s second p
 
 
 def _setup(tmp_path, cpu_target) -> Path:
-    return eval_params(tmp_path, cpu_target, te_suite=["SFM:0"], te_timed=[], attempts=2, metaschedule_trials=4,
+    path = eval_params(tmp_path, cpu_target, te_suite=["SFM:0"], te_timed=[], attempts=2, metaschedule_trials=4,
                        cluster_workers=2)
+    # a Dask job writes one task; one process batches several tasks' rows unless a batch holds
+    # only one task's (sampling then differs): batches of 2 rows give both the same batches
+    raw = yaml.safe_load(path.read_text())
+    raw["sft"]["generation"]["batch_rows"] = 2
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def test_evaluation_on_dask_matches_one_process(tmp_path, cpu_target):

@@ -89,6 +89,32 @@ def test_guided_generation_of_a_barely_trained_model_is_valid_and_complete(tmp_p
     assert bad >= 1   # 10 steps teach little: the model's own scripts are mostly invalid
 
 
+def test_several_kernels_prompts_are_written_in_one_batch(tmp_path, matmul_mod, cpu_target):
+    """An evaluation writes for many kernels at once: prompts of different kernels (and lengths)
+    share left-padded batches of `batch_rows` rows, and every row is a complete, valid script
+    of its own kernel; the per-prompt token counts add up to the total."""
+    from pipeline.codec import decode
+    from pipeline.describe import describe
+    from pipeline.prompts import construction_prompt
+    from pipeline.workloads import Spec, build
+
+    other = build(Spec("softmax", (8, 48), "float32"))
+    prompts = [ROWS[0]["prompt"], construction_prompt(describe(other), "llvm")]
+    p = _params(tmp_path, sft_steps=10, pretrain_steps=0)
+    model, tok, _, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
+    g = GenerationParams(attempts=3, max_new_tokens=600, batch_rows=4)    # 6 rows: batches of 4 and 2
+    side = tok.padding_side
+    w = generate(model, tok, prompts, g, kernels=[(matmul_mod, cpu_target), (other, cpu_target)])
+    assert w.complete == [[True] * 3, [True] * 3]
+    assert sum(w.prompt_tokens) == w.tokens > 0 and all(w.prompt_tokens)
+    for mod, scripts in zip((matmul_mod, other), w.scripts):
+        for text in scripts:
+            decode(mod, text, cpu_target)      # raises DecodeError if it were not this kernel's script
+    assert tok.padding_side == side            # the batch's left padding does not leak into the tokenizer
+    with pytest.raises(ParamsError, match="batch_rows"):
+        GenerationParams(batch_rows=0)
+
+
 def test_clean_stops_at_blank_line():
     assert clean("B x\nL b0 2\n\ngarbage") == "B x\nL b0 2"
 

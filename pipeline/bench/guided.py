@@ -76,7 +76,7 @@ def run(model_dir: str, n_prompts: int, te: list[str], params_path: str = "param
                 start = time.perf_counter()
                 same = GenerationParams(**{**g.__dict__, "guided": False, "max_new_tokens": n})
                 with torch.no_grad():
-                    _sample(model, tok, prompt, g.attempts, same, min_new_tokens=n)
+                    _sample(model, tok, [prompt] * g.attempts, same, min_new_tokens=n)
                 secs = time.perf_counter() - start
                 tot["free_same_tokens"]["seconds"] += secs
                 tot["free_same_tokens"]["tokens"] += n * g.attempts

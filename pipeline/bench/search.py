@@ -41,7 +41,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return text, values
 
 
-def run(params_path: str, variants: list[str], workloads: int, trials: int) -> dict:
+def run(params_path: str, variants: list[str], workloads: int, trials: int, stop_after: float | None = None,
+        out_path: str | None = None) -> dict:
     from pipeline import params as P
     from pipeline.stages.search import SearchParams, run_search
 
@@ -55,12 +56,16 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int) -> d
                                     trials_per_iter=min(base.trials_per_iter, trials),
                                     work_dir=f"{tmp}/search", report=f"{tmp}/search.json", archive_dir=None,
                                     **over)
-            summary = run_search(p, progress=False)
+            summary = run_search(p, progress=False, stop_after=stop_after)
         row = {"variant": name, "builder_workers": p.builder_workers, "devices": p.devices,
                "min_repeat_ms": p.min_repeat_ms, **summary["this_run"],
                "failed_trials": summary["failed_trials"], "trials": summary["trials"]}
         out["runs"].append(row)
         print({k: v for k, v in row.items() if k != "parts"}, row["parts"], flush=True)
+        if out_path:     # each variant's figures kept as soon as it ends (a device call may be cut)
+            from pipeline import files
+
+            files.write_json(out_path, out)
     return out
 
 
@@ -70,11 +75,12 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["stock", "persistent"])
     ap.add_argument("--workloads", type=int, default=4)
     ap.add_argument("--trials", type=int, default=32)
+    ap.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="a variant starts no new shard after SECONDS (its figures cover what it measured)")
     ap.add_argument("--out", default="reports/bench_search.json")
     args = ap.parse_args()
-    from pipeline import files
 
-    files.write_json(args.out, run(args.params, args.variants, args.workloads, args.trials))
+    run(args.params, args.variants, args.workloads, args.trials, args.stop_after, args.out)
     print(f"-> {args.out}")
 
 

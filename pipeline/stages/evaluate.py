@@ -399,47 +399,102 @@ def _result_from_json(d: dict) -> dict:
 def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measurer, target, seed: int,
               progress: bool, p: EvalParams | None = None, deadline: float | None = None) -> dict:
     """K scripts per construction prompt and per refinement prompt, each checked and timed.
-    With `g.guided` (the default) every script comes from the kernel's design space. With
-    `p.archive_dir`, a task's results kept for the same model files and settings are reused."""
+    Several tasks' prompts are written in one batched generation (up to `g.batch_rows` rows),
+    then all their scripts are checked side by side: one prompt at a time left an H200 idle
+    between decoding steps (session 11: ~70 s a task). With `g.guided` (the default) every
+    script comes from the kernel's design space. With `p.archive_dir`, a task's results kept
+    for the same model files and settings are reused."""
     from dataclasses import asdict
 
     from pipeline import models
-    from pipeline.generate import generate
     from pipeline.registry import model_digest
 
-    model = tok = None
-    out = {}
     mode = "guided" if g.guided else "free"
-    key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": asdict(g),
+    # batch_rows changes how rows are grouped, not what is sampled: results kept before it count
+    gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
+    key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": gen,
            "refinements": None}
-    for t in tqdm(tasks, desc=f"evaluate {label} ({mode})", disable=not progress):
-        field_name = f"model:{label}:{mode}:{'with' if t.refinements else 'no'}-refinements"
-        task_key = {**key, "refinements": [q for q, _ in t.refinements]}
-        kept = _cache_read(p, t.key).get(field_name) if p is not None else None
-        if kept is not None and kept["key"] == task_key:
+    out, todo = {}, []
+    for t in tasks:
+        kept = _cache_read(p, t.key).get(_model_field(label, mode, t)) if p is not None else None
+        if kept is not None and kept["key"] == {**key, "refinements": [q for q, _ in t.refinements]}:
             out[t.key] = _result_from_json(kept["result"])
-            continue
+        else:
+            todo.append(t)
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"evaluate {label} ({mode})",
+               disable=not progress)
+    model = tok = None
+    for chunk in _task_chunks(todo, g.attempts, g.batch_rows):
         if deadline is not None and time.time() > deadline:
             break
         if model is None:
             model, tok = models.load(model_dir)
-        start = time.perf_counter()
-        with device_lock.lease() as lease:   # on a shared GPU no timing runs beside the model's kernels
-            w = generate(model, tok, [t.prompt], g, seed=seed, kernels=[(t.mod, target)], lease=lease)
-        cons = _incomplete_fail(measurer.measure([(t.key, s) for s in w.scripts[0]], t.timed), w.complete[0])
-        seconds = time.perf_counter() - start
-        refs, complete, tokens, gen_s, retries = [], list(w.complete[0]), w.tokens, w.seconds, w.retries
-        for prompt, src in t.refinements:
-            with device_lock.lease() as lease:
-                wr = generate(model, tok, [prompt], g, seed=seed, kernels=[(t.mod, target)], lease=lease)
-            outs = _incomplete_fail(measurer.measure([(t.key, s) for s in wr.scripts[0]], t.timed), wr.complete[0])
-            refs.append({"source": measurer.measure([(t.key, src)], t.timed)[0], "attempts": outs,
-                         "complete": wr.complete[0]})
-            tokens, gen_s, retries = tokens + wr.tokens, gen_s + wr.seconds, retries + wr.retries
-        out[t.key] = {"construction": cons, "seconds": seconds, "refinement": refs, "scripts": w.scripts[0],
-                      "complete": complete, "tokens": tokens, "generation_seconds": gen_s, "retries": retries}
-        if p is not None:
-            _cache_update(p, t.key, field_name, {"key": task_key, "result": _result_json(out[t.key])})
+        written = _write_and_check(model, tok, chunk, g, measurer, target, seed)
+        for t in chunk:
+            result = out[t.key] = written[t.key]
+            if p is not None:
+                _cache_update(p, t.key, _model_field(label, mode, t),
+                              {"key": {**key, "refinements": [q for q, _ in t.refinements]},
+                               "result": _result_json(result)})
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def _model_field(label: str, mode: str, t: Task) -> str:
+    return f"model:{label}:{mode}:{'with' if t.refinements else 'no'}-refinements"
+
+
+def _task_chunks(tasks: list[Task], attempts: int, rows: int) -> list[list[Task]]:
+    """Consecutive tasks whose prompts x attempts fit `rows` (at least one task a chunk)."""
+    out: list[list[Task]] = []
+    used = rows
+    for t in tasks:
+        need = attempts * (1 + len(t.refinements))
+        if used + need > rows:
+            out.append([])
+            used = 0
+        out[-1].append(t)
+        used += need
+    return out
+
+
+def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, target, seed: int) -> dict:
+    """One batched generation for every prompt of `tasks`, then every script (and each
+    refinement's source) checked, timed tasks timed. Per task: its results, with its share of
+    the batch's generation time (by tokens) and checking time (by scripts) as its seconds."""
+    from pipeline.generate import generate
+
+    prompts = [(t, q) for t in tasks for q in [t.prompt] + [q for q, _ in t.refinements]]
+    start = time.perf_counter()
+    with device_lock.lease() as lease:   # on a shared GPU no timing runs beside the model's kernels
+        w = generate(model, tok, [q for _, q in prompts], g, seed=seed, kernels=[(t.mod, target) for t, _ in prompts],
+                     lease=lease)
+    gen_s = time.perf_counter() - start
+    start = time.perf_counter()
+    checked: dict = {}
+    for timed in (True, False):
+        pairs = [(t.key, s) for (t, _), scripts in zip(prompts, w.scripts) if t.timed == timed for s in scripts]
+        pairs += [(t.key, src) for t in tasks if t.timed == timed for _, src in t.refinements]
+        checked.update(zip(pairs, measurer.measure(pairs, timed)))
+    check_s = time.perf_counter() - start
+    total_tokens = max(1, sum(w.prompt_tokens))
+    total_scripts = max(1, sum(len(x) for x in w.scripts))
+    out, i = {}, 0
+    for t in tasks:
+        n = 1 + len(t.refinements)
+        idx = range(i, i + n)
+        i += n
+        outcomes = [_incomplete_fail([checked[(t.key, s)] for s in w.scripts[j]], w.complete[j]) for j in idx]
+        tokens = sum(w.prompt_tokens[j] for j in idx)
+        cons_tokens = w.prompt_tokens[idx[0]]
+        out[t.key] = {"construction": outcomes[0],
+                  "seconds": gen_s * cons_tokens / total_tokens + check_s * len(w.scripts[idx[0]]) / total_scripts,
+                  "refinement": [{"source": checked[(t.key, src)], "attempts": outcomes[1 + r], "complete": w.complete[j]}
+                                 for r, ((_, src), j) in enumerate(zip(t.refinements, idx[1:]))],
+                  "scripts": w.scripts[idx[0]], "complete": list(w.complete[idx[0]]), "tokens": tokens,
+                  "generation_seconds": gen_s * tokens / total_tokens,
+                  "retries": sum(w.prompt_retries[j] for j in idx)}
     return out
 
 

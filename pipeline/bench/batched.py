@@ -1,0 +1,74 @@
+"""Benchmark: guided generation one prompt at a time against several kernels' prompts batched.
+
+    python -m pipeline.bench.batched [--model models/gpu/sft] [--params profiles/gpu.yaml] \
+        [--te C1D:0 GMM:0 ...] [--rows 4 128] [--out reports/bench_batched.json]
+
+The same construction prompts (te_workload kernels on the params' search target), K guided
+scripts each, written with `batch_rows` = each value of --rows (K = one prompt a batch, as
+the evaluation wrote until session 11). Reported per setting: wall time, tokens per second,
+time spent making masks, complete scripts; scripts are not checked here (guided scripts are
+valid by construction; the evaluation checks them). On a GPU the model runs there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+
+def run(model_dir: str, params_path: str, te: list[str], rows: list[int]) -> dict:
+    import torch
+    import yaml
+
+    from pipeline import models, params as P
+    from pipeline.describe import describe
+    from pipeline.generate import GenerationParams, generate
+    from pipeline.prompts import construction_prompt
+    from pipeline.stages.evaluate import te_module
+    from pipeline.tvm_env import make_target
+
+    raw = yaml.safe_load(Path(params_path).read_text())
+    g = P.from_dict(GenerationParams, raw["sft"]["generation"], "sft.generation")
+    target = make_target(raw["search"]["target"])
+    model, tok = models.load(model_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device) if device == "cuda" else model.float()
+    mods = [te_module(item) for item in te]
+    prompts = [construction_prompt(describe(m), target.kind.name) for m in mods]
+    kernels = [(m, target) for m in mods]
+    generate(model, tok, prompts[:1], dataclasses.replace(g, attempts=1, max_new_tokens=8), kernels=kernels[:1])  # warm-up
+    out = {"model": model_dir, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+           "target": raw["search"]["target"], "kernels": te, "attempts": g.attempts, "runs": []}
+    for r in rows:
+        w = generate(model, tok, prompts, dataclasses.replace(g, batch_rows=r), seed=0, kernels=kernels)
+        complete = [c for per in w.complete for c in per]
+        run_ = {"batch_rows": r, "seconds": round(w.seconds, 2), "tokens": w.tokens,
+                "tokens_per_second": round(w.tokens / w.seconds, 1), "mask_seconds": round(w.mask_seconds, 2),
+                "complete": sum(map(bool, complete)), "scripts": len(complete), "retries": w.retries}
+        out["runs"].append(run_)
+        print(run_, flush=True)
+    first = out["runs"][0]["tokens_per_second"]
+    for run_ in out["runs"]:
+        run_["tokens_per_second_over_first"] = round(run_["tokens_per_second"] / first, 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/gpu/sft")
+    ap.add_argument("--params", default="profiles/gpu.yaml")
+    ap.add_argument("--te", nargs="+", default=["C1D:0", "C2D:0", "GMM:0", "GRP:0", "DEP:0", "T2D:0", "NRM:0", "SFM:0"])
+    ap.add_argument("--rows", nargs="+", type=int, default=[4, 128], help="batch_rows settings, the first the reference")
+    ap.add_argument("--out", default="reports/bench_batched.json")
+    args = ap.parse_args()
+    from pipeline import files
+
+    result = run(args.model, args.params, args.te, args.rows)
+    files.write_json(args.out, result)
+    print(" ; ".join(f"batch_rows {x['batch_rows']}: {x['tokens_per_second']} tokens/s "
+                     f"({x['tokens_per_second_over_first']}x)" for x in result["runs"]) + f" -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
