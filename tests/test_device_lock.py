@@ -54,6 +54,7 @@ def test_unset_means_no_lock(monkeypatch):
 
 
 def _try_hold(lock: str, out) -> None:
+    out.put(("trying", time.time(), 0.0))       # started: its wait is timed from here
     with device_lock.held(lock) as waited:
         out.put(("got", time.time(), waited))
 
@@ -67,6 +68,7 @@ def test_a_paused_lease_lets_another_process_measure_and_is_taken_back(tmp_path)
     with device_lock.lease(lock) as lease:
         other = ctx.Process(target=_try_hold, args=(lock, out))
         other.start()
+        assert out.get(timeout=60)[0] == "trying"      # a spawned process takes a while to start
         time.sleep(1.0)
         assert out.empty()                              # held: the other process waits
         with lease.paused():
@@ -74,6 +76,7 @@ def test_a_paused_lease_lets_another_process_measure_and_is_taken_back(tmp_path)
         other.join()
         late = ctx.Process(target=_try_hold, args=(lock, out))
         late.start()
+        assert out.get(timeout=60)[0] == "trying"
         time.sleep(1.0)
         assert out.empty()                              # taken back after the pause
         released = time.time()
