@@ -121,8 +121,14 @@ def _evaluate(args) -> int:
                   f"correctness {evaluate._fmt(c['correctness'])}, refinement {evaluate._fmt(r['correctness'])}, speedup "
                   f"{evaluate._fmt(c['speedup_geomean'])}, latency/MS@K {evaluate._fmt(m['vs_metaschedule']['latency_ratio'])}")
         return 0
-    metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after, part=args.part,
-                            metaschedule_only=args.metaschedule_only, models_only=args.models_only)
+    from pipeline.models import ModelError
+
+    try:
+        metrics = evaluate.main(args.params, progress=not args.quiet, stop_after=args.stop_after, part=args.part,
+                                metaschedule_only=args.metaschedule_only, models_only=args.models_only)
+    except ModelError as err:
+        print(f"little-dragon evaluate: {err}", file=sys.stderr)
+        return 2
     if "incomplete" in metrics:
         return 0 if not args.fail_on_gate else 1
     return 0 if metrics["gate"]["passed"] or not args.fail_on_gate else 1

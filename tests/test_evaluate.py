@@ -113,6 +113,25 @@ def test_optimize_rejects_bad_kernels_with_one_line(tmp_path, capsys, content, s
     assert len(err.splitlines()) == 1 and message in err
 
 
+def test_a_model_folder_that_arrived_empty_fails_at_once(tmp_path, capsys):
+    """On a lent machine a model folder can arrive without its files: the evaluation says so in
+    one line (exit 2) before any setup, not minutes later when the model is first loaded."""
+    import time
+
+    import yaml
+
+    (tmp_path / "sft").mkdir()
+    raw = yaml.safe_load(open("params.yaml"))
+    raw["evaluate"].update(models={"sft": str(tmp_path / "sft")}, candidate="sft")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    start = time.perf_counter()
+    assert main(["--params", str(params), "evaluate", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("little-dragon evaluate: evaluate.models.sft:") and "holds no model" in err and "\n" not in err
+    assert time.perf_counter() - start < 30
+
+
 def test_optimize_rejects_a_bad_target(tmp_path, capsys):
     path = tmp_path / "k.py"
     path.write_text(KERNEL_TE)

@@ -863,6 +863,18 @@ def _settings(params_path: str):
     return p, sp, g, target_spec, make_target(target_spec), raw.get("corpus") or {}
 
 
+def _check_model_dir(label: str, model_dir: str) -> None:
+    from pipeline import models
+
+    if not models.is_model_dir(model_dir):
+        raise models.ModelError(f"evaluate.models.{label}: {model_dir} holds no model (no config.json or "
+                                "adapter_config.json): train it first, or copy the whole folder")
+    base = models.base_of(model_dir)
+    if models.is_adapter(model_dir) and not (base and Path(base).is_dir()):
+        raise models.ModelError(f"evaluate.models.{label}: {model_dir} is a LoRA adapter over {base!r}, which is not a "
+                                "local directory here")
+
+
 def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
          part: tuple[int, int] | None = None, metaschedule_only: bool = False, models_only: bool = False) -> dict:
     """The whole gated evaluation. In steps (`evaluate.archive_dir`): `stop_after` starts no new
@@ -876,6 +888,8 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     labels = [] if metaschedule_only else [label for label, d in p.models.items() if Path(d).exists()]
     if not metaschedule_only and p.candidate not in labels:
         raise FileNotFoundError(f"candidate model {p.models[p.candidate]} does not exist: train it first")
+    for label in labels:     # before any setup: a folder that arrived empty fails at once, not minutes later
+        _check_model_dir(label, p.models[label])
     if (part or metaschedule_only or models_only) and not p.archive_dir:
         raise P.ParamsError("evaluate --part / --metaschedule-only / --models-only keep their work in "
                             "evaluate.archive_dir: set it")
