@@ -73,6 +73,32 @@ def test_tasks_are_batched_by_rows_in_order():
     assert [t.key for c in chunks for t in c] == [t.key for t in tasks]
 
 
+def test_every_model_writes_for_a_group_of_tasks_before_the_next(monkeypatch):
+    """A step cut by its stop leaves every model's results on the same tasks: the models (and
+    free sampling) take the tasks group by group, each model loaded once."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def run_model(label, model_dir, tasks, g, *args, **kwargs):
+        calls.append((label, g.guided, [t.key for t in tasks]))
+        kwargs["loaded"].setdefault(model_dir, object())
+        return {t.key: label for t in tasks}
+
+    monkeypatch.setattr(evaluate, "MODELS_GROUP", 2)
+    monkeypatch.setattr(evaluate, "run_model", run_model)
+    monkeypatch.setattr(evaluate, "run_metaschedule", lambda *a, **k: None)
+    monkeypatch.setattr(evaluate, "sampled_refinements", lambda *a, **k: None)
+    tasks = [evaluate.Task(k, "te_workload", None, timed=False) for k in "abc"]
+    p = SimpleNamespace(models={"sft": "s", "rl": "r"}, candidate="rl", seed=0)
+    measurer = SimpleNamespace(add=lambda *a: None)
+    g = SimpleNamespace(guided=True)
+    results, free = evaluate.evaluate_tasks(p, tasks, ["sft", "rl"], g, measurer, None, None, 4, free_on=False,
+                                            progress=False)
+    assert calls == [("sft", True, ["a", "b"]), ("rl", True, ["a", "b"]), ("sft", True, ["c"]), ("rl", True, ["c"])]
+    assert results == {"sft": dict.fromkeys("abc", "sft"), "rl": dict.fromkeys("abc", "rl")} and free is None
+
+
 def test_rl_vs_sft_counts_only_strictly_faster_correct_kernels():
     tasks = _tasks()
     sft = {"a": {"construction": [ok(0.5)], "refinement": [{"attempts": [ok(0.3)]}]},

@@ -397,13 +397,15 @@ def _result_from_json(d: dict) -> dict:
 
 
 def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measurer, target, seed: int,
-              progress: bool, p: EvalParams | None = None, deadline: float | None = None) -> dict:
+              progress: bool, p: EvalParams | None = None, deadline: float | None = None,
+              loaded: dict | None = None) -> dict:
     """K scripts per construction prompt and per refinement prompt, each checked and timed.
     Several tasks' prompts are written in one batched generation (up to `g.batch_rows` rows),
     then all their scripts are checked side by side: one prompt at a time left an H200 idle
     between decoding steps (session 11: ~70 s a task). With `g.guided` (the default) every
     script comes from the kernel's design space. With `p.archive_dir`, a task's results kept
-    for the same model files and settings are reused."""
+    for the same model files and settings are reused. `loaded`: model folder -> (model,
+    tokenizer) already loaded, filled in here (one load for several calls)."""
     from dataclasses import asdict
 
     from pipeline import models
@@ -423,12 +425,13 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
             todo.append(t)
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"evaluate {label} ({mode})",
                disable=not progress)
-    model = tok = None
+    loaded = {} if loaded is None else loaded
     for chunk in _task_chunks(todo, g.attempts, g.batch_rows):
         if deadline is not None and time.time() > deadline:
             break
-        if model is None:
-            model, tok = models.load(model_dir)
+        if model_dir not in loaded:
+            loaded[model_dir] = models.load(model_dir)
+        model, tok = loaded[model_dir]
         written = _write_and_check(model, tok, chunk, g, measurer, target, seed)
         for t in chunk:
             result = out[t.key] = written[t.key]
@@ -755,6 +758,11 @@ def write_markdown(metrics: dict, path: str) -> None:
     files.write_text_atomic(path, "\n".join(lines) + "\n")
 
 
+# Every model writes for this many tasks before the next ones: a step cut by its stop leaves every
+# model's results on the same tasks (RL vs SFT comparable as the evaluation goes, evaluate --interim)
+MODELS_GROUP = 16
+
+
 def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measurer: Measurer, sp, target,
                    trials: int, free_on: bool, progress: bool, deadline: float | None = None,
                    tune_new: bool = True) -> tuple[dict, dict | None]:
@@ -770,13 +778,18 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
     if not labels or not tasks:
         return {label: {} for label in labels}, ({} if free_on and labels else None)
     sampled_refinements(tasks, measurer, target, p.seed)
-    results = {label: run_model(label, p.models[label], tasks, g, measurer, target, p.seed, progress, p, deadline)
-               for label in labels}
-    free = None
-    if free_on:   # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
-        constructions = [replace(t, refinements=[]) for t in tasks]
-        free = run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False), measurer,
-                         target, p.seed, progress, p, deadline)
+    results: dict = {label: {} for label in labels}
+    free: dict | None = {} if free_on else None
+    loaded: dict = {}          # each model loaded once, kept for every group
+    for i in range(0, len(tasks), MODELS_GROUP):
+        group = tasks[i:i + MODELS_GROUP]
+        for label in labels:
+            results[label].update(run_model(label, p.models[label], group, g, measurer, target, p.seed, progress, p,
+                                            deadline, loaded=loaded))
+        if free is not None:   # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
+            constructions = [replace(t, refinements=[]) for t in group]
+            free.update(run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False),
+                                  measurer, target, p.seed, progress, p, deadline, loaded=loaded))
     return results, free
 
 
