@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import tarfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from pipeline import files
@@ -54,6 +54,7 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
     digests = {label: model_digest(p.models[label]) for label in labels}
     names = _task_names(p, archive)
     tasks, results = [], {label: {} for label in labels}
+    results["free"] = {}       # the candidate sampled freely (construction prompts only), beside guided
     for name, key in names.items():
         kept = json.loads((archive / "tasks" / f"{name}.json").read_text())
         source = "te_workload" if key.startswith("te:") else "test" if key in test else "catalog"
@@ -72,6 +73,10 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
                 if (field_name.startswith(f"model:{label}:guided:") and entry["key"]["model"] == digests[label]
                         and entry["key"]["generation"] == gen):
                     results[label][key] = E._result_from_json(entry["result"])
+        free = kept.get(f"model:{p.candidate}:free:no-refinements")
+        if (free and p.candidate in digests and free["key"]["model"] == digests[p.candidate]
+                and free["key"]["generation"] == {**gen, "guided": False}):
+            results["free"][key] = E._result_from_json(free["result"])
     return tasks, results, len(names)
 
 
@@ -100,6 +105,13 @@ def report(params_path: str) -> dict:
            "models": labels, "attempts": p.attempts, "metaschedule_trials": p.metaschedule_trials,
            "candidate": candidate, "per_model": per_model,
            "gate_if_final": E.gate(per_model[candidate], p.gates)}
+    if results["free"]:
+        constructions = [replace(t, refinements=[]) for t in tasks if t.key in results["free"]]
+        fm = E.model_metrics(results["free"], constructions, p.attempts)
+        out["free_sampling"] = {"model": p.candidate, "tasks_done": len(constructions),
+                                "construction": {k: fm["construction"][k] for k in
+                                                 ("correctness", "attempts", "failures_by_stage")},
+                                "decoding": E.decoding_figures(results["free"])}
     if "rl" in results and "sft" in results:
         both = [t for t in tasks if t.key in results["rl"] and t.key in results["sft"]]
         if both:
@@ -131,6 +143,11 @@ def _markdown(m: dict, path: Path) -> None:
         r = m["rl_vs_sft"]
         lines += ["", f"RL vs SFT: RL faster on {r['construction_wins']} of {r['construction_tasks']} construction "
                   f"tasks and {r['refinement_wins']} of {r['refinement_prompts']} refinement prompts."]
+    fs = m.get("free_sampling")
+    if fs:
+        lines += ["", f"Free sampling ({fs['model']}, the construction prompts of {fs['tasks_done']} tasks, same checker): "
+                  f"correctness {f(fs['construction']['correctness'])} ({fs['construction']['attempts']}; failures "
+                  f"{fs['construction']['failures_by_stage']}), against guided above."]
     gate = m["gate_if_final"]
     lines += ["", f"The gate on {m['candidate']}'s figures so far would {'pass' if gate['passed'] else 'fail'}"
               + ("." if gate["passed"] else ": " + "; ".join(gate["reasons"]) + ".")]

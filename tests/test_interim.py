@@ -45,7 +45,11 @@ def _setup(tmp_path, generation: dict):
         field.format("sft"): {"key": {**key["sft"], "refinements": ["q"]},
                               "result": _result([ok(0.5), Outcome("build", "x").to_json()], [(ok(0.5), [ok(0.25)])])},
         field.format("rl"): {"key": {**key["rl"], "refinements": ["q"]},
-                             "result": _result([ok(0.4), ok(0.45)], [(ok(0.5), [ok(0.3)])])}}))
+                             "result": _result([ok(0.4), ok(0.45)], [(ok(0.5), [ok(0.3)])])},
+        # the candidate sampled freely: one decode failure of two
+        "model:rl:free:no-refinements": {"key": {**key["rl"], "generation": {**generation, "guided": False},
+                                                 "refinements": []},
+                                         "result": _result([ok(0.9), Outcome("decode", "x").to_json()])}}))
     (tasks / "b.json").write_text(json.dumps({**ms, field.format("sft"): {"key": {**key["sft"], "refinements": []},
                                                                           "result": _result([ok(2.0), ok(1.0)])}}))
     (tasks / "c.json").write_text(json.dumps({}))
@@ -79,8 +83,11 @@ def test_interim_figures_per_model_over_the_tasks_it_finished(tmp_path, capsys):
     assert out["rl_vs_sft"] == {"construction_wins": 1, "construction_tasks": 1, "refinement_wins": 0,
                                 "refinement_prompts": 1}
     assert out["gate_if_final"]["passed"] is False       # rl's latency 0.4 > MS@2's best 0.25
+    free = out["free_sampling"]
+    assert free["tasks_done"] == 1 and free["construction"]["correctness"] == pytest.approx(0.5)
+    assert free["construction"]["failures_by_stage"]["decode"] == 1
     md = (tmp_path / "reports" / "interim.md").read_text()
-    assert "interim: rl 1, sft 3 of 5 tasks" in md and "| a | test |" in md
+    assert "interim: rl 1, sft 3 of 5 tasks" in md and "| a | test |" in md and "Free sampling (rl" in md
     assert "rl on 1 of 5 tasks" in capsys.readouterr().out
 
 
