@@ -245,6 +245,19 @@ def test_metaschedule_tunes_a_group_in_one_run_and_gives_each_kernel_its_databas
     assert [t.scripts for t in again] == [t.scripts for t in runs] and again[0].seconds == runs[0].seconds
     assert metaschedule.finished(tmp_path / "a", cpu_target, 4, sp) is None   # not a one-kernel run's settings
 
+    # a kept run's scripts are encoded once (scripts.json), for that run's records only
+    def no_encoding(*args):
+        raise AssertionError("encoded again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(metaschedule.codec, "canonical_from_json", no_encoding)
+        third = metaschedule.tune_group(items, cpu_target, 4, sp, group=2, reuse=True)
+    assert [t.scripts for t in third] == [t.scripts for t in runs]
+    db = tmp_path / "a" / "database_tuning_record.json"
+    db.write_text("".join(db.read_text().splitlines(keepends=True)[:3]))     # another run: 3 records
+    fourth = metaschedule.tune_group(items, cpu_target, 4, sp, group=2, reuse=True)
+    assert fourth[0].scripts == runs[0].scripts[:3] and fourth[0].run != runs[0].run
+
 
 def test_a_kernel_metaschedule_raises_on_costs_only_itself(tmp_path, cpu_target, monkeypatch):
     """TVM's task scheduler raising in a group run: each task is tuned again alone; the one that

@@ -68,3 +68,20 @@ def test_a_held_out_workload_would_be_detected():
 
     func = te_workload.create_te_workload("SFM", 0)
     assert structural_hash(tvm.IRModule({"main": func})) in held_out_hashes()
+
+
+def test_held_out_catalog_choice_is_kept_for_the_same_arguments(tmp_path, cpu_target, monkeypatch):
+    """pipeline.heldout: the choice (a design space sampled per candidate) is kept in a cache
+    file for the same arguments and code; other arguments choose again."""
+    from pipeline import heldout, space
+
+    args = dict(corpus_seed=0, corpus_prefix=0, families=["matmul", "softmax"], max_mflop=50,
+                max_elements=10**6, exclude_ids=set(), target=cpu_target, cache=tmp_path / "heldout.json")
+    first = heldout.catalog_workloads(2, **args)
+    assert [s.family for s in first] == ["matmul", "softmax"]
+    calls = []
+    real = space.sample_many
+    monkeypatch.setattr(space, "sample_many", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert heldout.catalog_workloads(2, **args) == first and not calls       # read from the cache
+    third = heldout.catalog_workloads(3, **args)
+    assert calls and third[:2] == first                                         # chosen again
