@@ -25,7 +25,8 @@ from pathlib import Path
 from pipeline import files, records
 
 FILES = ("database_workload.json", "database_tuning_record.json", "workloads.json", "baselines.json",
-         "errors.jsonl", "failed.json", "exhausted.json", "summary.json")
+         "errors.jsonl", "failed.json", "exhausted.json", "summary.json",
+         "scripts.json")   # an evaluation's MetaSchedule run: its candidates encoded (pipeline.metaschedule)
 
 
 def _count(shard_dir: Path) -> int:

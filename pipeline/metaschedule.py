@@ -140,7 +140,7 @@ def run_digest(work_dir: Path) -> str:
     return hashlib.sha256(path.read_bytes() if path.exists() else b"").hexdigest()[:16]
 
 
-SCRIPTS = "scripts.json"    # a run's candidates as scripts, kept beside its database (not archived)
+SCRIPTS = "scripts.json"    # a run's candidates as scripts, kept beside its database (and archived with it)
 
 
 def _codec_digest() -> str:

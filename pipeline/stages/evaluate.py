@@ -145,7 +145,7 @@ def catalog_specs(p: EvalParams, sp, corpus: dict, specs: dict, target) -> list:
     prefix = max((t["workloads"] for t in corpus.get("targets", [])), default=0)
     chosen = heldout.catalog_workloads(p.catalog_workloads, corpus.get("seed", 0), prefix, sp.families,
                                        sp.max_mflop, sp.max_elements, set(specs), target,
-                                       cache=Path(p.work_dir) / "heldout.json")
+                                       cache=Path(p.archive_dir or p.work_dir) / "heldout.json")
     for spec in chosen:
         specs[spec.id] = spec.to_json()
     return chosen
