@@ -46,7 +46,8 @@ class Written:
     tokens: int = 0                       # tokens generated (all attempts, retries included)
     seconds: float = 0.0
     retries: int = 0
-    mask_seconds: float = 0.0
+    mask_seconds: float = 0.0             # guided: making the masks on the host (inside sampling)
+    postprocess_seconds: float = 0.0      # guided with retries: checking complete scripts on the host
     token_ids: list[list[list[int]]] = field(default_factory=list)  # per prompt, per attempt (RL trains on these)
     prompt_tokens: list[int] = field(default_factory=list)   # per prompt: tokens generated, retries included
     prompt_retries: list[int] = field(default_factory=list)  # per prompt: scripts written again
@@ -139,8 +140,10 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
                 out.complete[i][k], out.token_ids[i][k] = c.complete, x
             if round_ < g.retries:     # a complete script that postprocessing rejects is written again
                 check = [(i, k) for i, k in chunk if out.complete[i][k]]
+                pp_start = time.perf_counter()
                 with lease.paused() if lease is not None else contextlib.nullcontext():   # host-only work
                     ok = _postprocess_many([(kernels[i][0], out.scripts[i][k], kernels[i][1]) for i, k in check])
+                out.postprocess_seconds += time.perf_counter() - pp_start
                 retry += [row for row, good in zip(check, ok) if not good]
         out.retries += len(retry)
         for i, _ in retry:

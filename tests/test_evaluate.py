@@ -99,6 +99,17 @@ def test_every_model_writes_for_a_group_of_tasks_before_the_next(monkeypatch):
     assert results == {"sft": dict.fromkeys("abc", "sft"), "rl": dict.fromkeys("abc", "rl")} and free is None
 
 
+def test_decoding_figures_split_the_time_only_where_every_result_has_it():
+    def r(**extra):
+        return {"complete": [True], "refinement": [], "tokens": 10, "generation_seconds": 2.0, "retries": 0, **extra}
+
+    split = dict(mask_seconds=0.5, postprocess_seconds=1.0, check_seconds=3.0)
+    d = evaluate.decoding_figures({"a": r(**split), "b": r(**split)})
+    assert d["tokens_per_second"] == 5.0 and d["mask_seconds"] == 1.0 and d["check_seconds"] == 6.0
+    d = evaluate.decoding_figures({"a": r(**split), "old": r()})      # a result kept before the split
+    assert d["mask_seconds"] is None and d["postprocess_seconds"] is None
+
+
 def test_rl_vs_sft_counts_only_strictly_faster_correct_kernels():
     tasks = _tasks()
     sft = {"a": {"construction": [ok(0.5)], "refinement": [{"attempts": [ok(0.3)]}]},

@@ -107,6 +107,7 @@ def test_several_kernels_prompts_are_written_in_one_batch(tmp_path, matmul_mod, 
     w = generate(model, tok, prompts, g, kernels=[(matmul_mod, cpu_target), (other, cpu_target)])
     assert w.complete == [[True] * 3, [True] * 3]
     assert sum(w.prompt_tokens) == w.tokens > 0 and all(w.prompt_tokens)
+    assert 0 < w.mask_seconds < w.seconds and 0 < w.postprocess_seconds < w.seconds   # where the time went
     for mod, scripts in zip((matmul_mod, other), w.scripts):
         for text in scripts:
             decode(mod, text, cpu_target)      # raises DecodeError if it were not this kernel's script

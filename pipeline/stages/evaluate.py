@@ -498,6 +498,10 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                                  for r, ((_, src), j) in enumerate(zip(t.refinements, idx[1:]))],
                   "scripts": w.scripts[idx[0]], "complete": list(w.complete[idx[0]]), "tokens": tokens,
                   "generation_seconds": gen_s * tokens / total_tokens,
+                  # of which (shares by tokens): masks, and postprocessing checks of complete scripts
+                  "mask_seconds": w.mask_seconds * tokens / total_tokens,
+                  "postprocess_seconds": w.postprocess_seconds * tokens / total_tokens,
+                  "check_seconds": check_s * sum(len(w.scripts[j]) for j in idx) / total_scripts,
                   "retries": sum(w.prompt_retries[j] for j in idx)}
     return out
 
@@ -521,6 +525,9 @@ def decoding_figures(res: dict) -> dict:
             "refinement_complete": sum(bool(x) for x in rc), "refinement_attempts": len(rc),
             "tokens": tokens, "generation_seconds": round(secs, 2),
             "tokens_per_second": round(tokens / secs, 1) if secs else None,
+            # where the time went (results kept before session 12 lack the split: then None)
+            **{k: (round(sum(r[k] for r in res.values()), 2) if all(k in r for r in res.values()) else None)
+               for k in ("mask_seconds", "postprocess_seconds", "check_seconds")},
             "postproc_retries": sum(r["retries"] for r in res.values())}
 
 
@@ -718,13 +725,15 @@ def write_markdown(metrics: dict, path: str) -> None:
                      f"{_fmt(m['construction']['speedup_geomean'])} | {_fmt(m['refinement']['speedup_geomean'])} | "
                      f"{_fmt(m['refinement']['speedup_vs_source_geomean'])} | {_fmt(m['vs_metaschedule']['latency_ratio'])} | "
                      f"{_fmt(m['vs_metaschedule']['latency_ratio_full_budget'])} |")
-    lines += ["", "## Decoding", "", "| model | mode | complete scripts | postproc retries | tokens | tokens/s |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## Decoding", "", "| model | mode | complete scripts | postproc retries | tokens | tokens/s | "
+              "generation s | of which masks s | of which postprocessing s | checking s |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, m in metrics["models"].items():
         d = m.get("decoding", {})
         lines.append(f"| {label} | {d.get('mode')} | {d.get('construction_complete', 0) + d.get('refinement_complete', 0)}/"
                      f"{d.get('construction_attempts', 0) + d.get('refinement_attempts', 0)} | {d.get('postproc_retries')} | "
-                     f"{d.get('tokens')} | {d.get('tokens_per_second')} |")
+                     f"{d.get('tokens')} | {d.get('tokens_per_second')} | {d.get('generation_seconds')} | "
+                     f"{d.get('mask_seconds')} | {d.get('postprocess_seconds')} | {d.get('check_seconds')} |")
     fs = metrics.get("free_sampling")
     if fs:
         lines += ["", f"Free sampling ({fs['model']}, the same construction prompts, same checker): correctness "
