@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -26,6 +27,28 @@ def write_text_atomic(path: Path | str, text: str) -> None:
 
 def write_json(path: Path | str, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_keyed(path: Path | str, key: Any) -> Any:
+    """The value `write_keyed` kept in `path` for exactly this `key`; None if the file is
+    missing, unreadable or kept for another key (a cache of work that is slow to redo)."""
+    try:
+        kept = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return kept.get("value") if isinstance(kept, dict) and kept.get("key") == key else None
+
+
+def write_keyed(path: Path | str, key: Any, value: Any) -> None:
+    write_json(path, {"key": key, "value": value})
+
+
+def source_digest(*paths: Path | str) -> str:
+    """A short digest of source files (a cache of their results is stale once they change)."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def write_jsonl(path: Path | str, rows: Iterable[Any]) -> int:

@@ -13,7 +13,6 @@ Families are taken round-robin, so a small number covers them all.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -26,37 +25,25 @@ class HeldOutError(ValueError):
     """Not enough catalog workloads satisfy the held-out rules."""
 
 
-def _code_digest() -> str:
-    """The code the choice depends on: this module, the catalog, the design spaces."""
-    from pipeline import space, workloads
-
-    h = hashlib.sha256()
-    for module in (__file__, space.__file__, workloads.__file__):
-        h.update(Path(module).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def catalog_workloads(n: int, corpus_seed: int, corpus_prefix: int, families: list[str], max_mflop: float,
                       max_elements: int, exclude_ids: set[str], target, cache: Path | None = None) -> list[Spec]:
     """`n` held-out catalog workloads (see the module docstring), in a fixed order. Choosing
     them samples a design space per candidate (25 s for the GPU profile's 50 on 2 cores, at the
     start of every evaluation step): with `cache`, a file that keeps the choice for these
     arguments and this code."""
+    from pipeline import space, workloads
+
     key = {"n": n, "corpus_seed": corpus_seed, "corpus_prefix": corpus_prefix, "families": list(families),
            "max_mflop": max_mflop, "max_elements": max_elements, "target": str(target),
            "exclude": hashlib.sha256("\n".join(sorted(exclude_ids)).encode()).hexdigest()[:16],
-           "code": _code_digest()}
-    if cache is not None and Path(cache).exists():
-        try:
-            kept = json.loads(Path(cache).read_text())
-        except ValueError:
-            kept = {}
-        if kept.get("key") == key:
-            return [Spec.from_json(x) for x in kept["specs"]]
+           # the code the choice depends on: this module, the catalog, the design spaces
+           "code": files.source_digest(__file__, space.__file__, workloads.__file__)}
+    kept = files.read_keyed(cache, key) if cache is not None else None
+    if kept is not None:
+        return [Spec.from_json(x) for x in kept]
     chosen = _choose(n, corpus_seed, corpus_prefix, families, max_mflop, max_elements, exclude_ids, target)
     if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        files.write_json(cache, {"key": key, "specs": [spec.to_json() for spec in chosen]})
+        files.write_keyed(cache, key, [spec.to_json() for spec in chosen])
     return chosen
 
 

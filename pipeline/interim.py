@@ -42,10 +42,11 @@ def _ms_seconds(archive: Path, name: str) -> float:
         return float(json.load(t.extractfile("summary.json"))["seconds"])
 
 
-def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, int]:
+def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, dict, int]:
     """(the tasks whose baseline is ready: MetaSchedule's run re-timed (or failed), or an
     untimed te_workload kernel; per label the results kept for the current model files and
-    generation settings; how many tasks the archive knows)."""
+    generation settings; the candidate's free-sampling results kept for them; how many tasks
+    the archive knows)."""
     from pipeline.registry import model_digest
 
     archive = Path(p.archive_dir)
@@ -53,8 +54,7 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
     gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
     digests = {label: model_digest(p.models[label]) for label in labels}
     names = _task_names(p, archive)
-    tasks, results = [], {label: {} for label in labels}
-    results["free"] = {}       # the candidate sampled freely (construction prompts only), beside guided
+    tasks, results, free_results = [], {label: {} for label in labels}, {}
     for name, key in names.items():
         kept = json.loads((archive / "tasks" / f"{name}.json").read_text())
         source = "te_workload" if key.startswith("te:") else "test" if key in test else "catalog"
@@ -76,8 +76,8 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
         free = kept.get(f"model:{p.candidate}:free:no-refinements")
         if (free and p.candidate in digests and free["key"]["model"] == digests[p.candidate]
                 and free["key"]["generation"] == {**gen, "guided": False}):
-            results["free"][key] = E._result_from_json(free["result"])
-    return tasks, results, len(names)
+            free_results[key] = E._result_from_json(free["result"])
+    return tasks, results, free_results, len(names)
 
 
 def report(params_path: str) -> dict:
@@ -88,7 +88,7 @@ def report(params_path: str) -> dict:
     labels = [label for label, d in p.models.items() if Path(d).exists()]
     if not labels:
         raise InterimError(f"none of the models {sorted(p.models.values())} exists")
-    tasks, results, known = collect(p, g, labels)
+    tasks, results, free, known = collect(p, g, labels)
     labels = [label for label in labels if results[label]]
     if not labels:
         raise InterimError(f"{p.archive_dir} has no kept model results for the current model files and "
@@ -105,13 +105,13 @@ def report(params_path: str) -> dict:
            "models": labels, "attempts": p.attempts, "metaschedule_trials": p.metaschedule_trials,
            "candidate": candidate, "per_model": per_model,
            "gate_if_final": E.gate(per_model[candidate], p.gates)}
-    if results["free"]:
-        constructions = [replace(t, refinements=[]) for t in tasks if t.key in results["free"]]
-        fm = E.model_metrics(results["free"], constructions, p.attempts)
+    if free:      # the candidate sampled freely (construction prompts only), beside guided
+        constructions = [replace(t, refinements=[]) for t in tasks if t.key in free]
+        fm = E.model_metrics(free, constructions, p.attempts)
         out["free_sampling"] = {"model": p.candidate, "tasks_done": len(constructions),
                                 "construction": {k: fm["construction"][k] for k in
                                                  ("correctness", "attempts", "failures_by_stage")},
-                                "decoding": E.decoding_figures(results["free"])}
+                                "decoding": E.decoding_figures(free)}
     if "rl" in results and "sft" in results:
         both = [t for t in tasks if t.key in results["rl"] and t.key in results["sft"]]
         if both:

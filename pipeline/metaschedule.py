@@ -143,23 +143,15 @@ def run_digest(work_dir: Path) -> str:
 SCRIPTS = "scripts.json"    # a run's candidates as scripts, kept beside its database (and archived with it)
 
 
-def _codec_digest() -> str:
-    return hashlib.sha256(Path(codec.__file__).read_bytes()).hexdigest()[:16]
-
-
 def _read(mod, work_dir: Path, seconds: float) -> Tuned:
     """The run's candidates in measurement order. Encoding them is most of a step's start-up
     when an evaluation reads dozens of kept runs back (44 runs, 2,777 traces: 40 s on 2 cores),
     so the scripts are kept in `scripts.json` for this run's records and this codec."""
     refs = list(records.scan(work_dir))
     run = run_digest(work_dir)
-    key = {"run": run, "codec": _codec_digest()}
+    key = {"run": run, "codec": files.source_digest(codec.__file__)}
     path = Path(work_dir) / SCRIPTS
-    try:
-        kept = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
-        kept = {}
-    scripts = kept.get("scripts") if kept.get("key") == key else None
+    scripts = files.read_keyed(path, key)
     if scripts is None or len(scripts) != len(refs):
         scripts = []
         for ref in refs:
@@ -167,5 +159,5 @@ def _read(mod, work_dir: Path, seconds: float) -> Tuned:
                 scripts.append(codec.canonical_from_json(mod, records.trace_at(ref)))
             except (codec.DecodeError, TypeError, ValueError):
                 scripts.append(None)
-        files.write_json(path, {"key": key, "scripts": scripts})
+        files.write_keyed(path, key, scripts)
     return Tuned(scripts, [ref.latency_s for ref in refs], seconds, len(scripts), run)

@@ -28,20 +28,27 @@ def base_of(model_dir: str | Path) -> str | None:
     return json.loads((Path(model_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
 
 
+def check(model_dir: str | Path) -> None:
+    """Raise ModelError unless `model_dir` can be loaded here: it holds a full model, or an
+    adapter whose base is a local directory (cheap: no weights are read)."""
+    if not is_model_dir(model_dir):
+        raise ModelError(f"{model_dir} holds no model (no config.json or adapter_config.json): train it first")
+    base = base_of(model_dir)
+    if is_adapter(model_dir) and not (base and Path(base).is_dir()):
+        raise ModelError(f"{model_dir} is a LoRA adapter over {base!r}, which is not a local directory here")
+
+
 def load(model_dir: str | Path, trainable: bool = False):
     """(model, tokenizer) from a directory written by the sft or rl stage."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
-    if not (model_dir / "config.json").exists() and not is_adapter(model_dir):
-        raise ModelError(f"{model_dir} holds no model (no config.json or adapter_config.json): train it first")
+    check(model_dir)
     if is_adapter(model_dir):
         from peft import PeftModel
 
         base = base_of(model_dir)
-        if not base or not Path(base).is_dir():
-            raise ModelError(f"{model_dir} is a LoRA adapter over {base!r}, which is not a local directory here")
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
         model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=dtype)
         model = PeftModel.from_pretrained(model, model_dir, is_trainable=trainable)

@@ -889,13 +889,10 @@ def _settings(params_path: str):
 def _check_model_dir(label: str, model_dir: str) -> None:
     from pipeline import models
 
-    if not models.is_model_dir(model_dir):
-        raise models.ModelError(f"evaluate.models.{label}: {model_dir} holds no model (no config.json or "
-                                "adapter_config.json): train it first, or copy the whole folder")
-    base = models.base_of(model_dir)
-    if models.is_adapter(model_dir) and not (base and Path(base).is_dir()):
-        raise models.ModelError(f"evaluate.models.{label}: {model_dir} is a LoRA adapter over {base!r}, which is not a "
-                                "local directory here")
+    try:
+        models.check(model_dir)
+    except models.ModelError as err:
+        raise models.ModelError(f"evaluate.models.{label}: {err}") from None
 
 
 def main(params_path: str = "params.yaml", progress: bool = True, stop_after: float | None = None,
