@@ -7,6 +7,12 @@ a worker). Round 2 on (refinement): the best measured scripts go back to the mod
 refinement prompts that carry their measured speedup, and it writes faster ones. Rounds go
 on until N distinct candidates are measured (or the model stops finding new ones).
 
+With a cost model (pipeline.cost_model: MetaSchedule's XGBoost model, pre-trained on measured
+search databases and updated with every candidate measured here), the model writes
+`oversample` times the batch each round and the cost model picks the batch to measure, as
+MetaSchedule's evolutionary search measures the best-predicted of its population. The
+budget N counts measured candidates either way.
+
 Every measured candidate goes into a MetaSchedule `JSONDatabase` in the work folder (failed
 ones with run_secs 1e10, as MetaSchedule stores them), so TVM's own tools read the result:
 `ms.database.JSONDatabase(work_dir=...).query_schedule(mod, target, "main")`. `tune.jsonl`
@@ -34,6 +40,7 @@ class TuneResult:
     curve: list[float | None] = field(default_factory=list)   # best latency after each candidate
     seconds: float = 0.0
     generation_seconds: float = 0.0
+    written: int = 0              # distinct new scripts the model wrote (>= measured with a cost model)
     stopped: str = ""
 
     @property
@@ -50,7 +57,8 @@ class Tuner:
     """The tuning loop for one kernel; `model`/`tok` are a loaded model and tokenizer."""
 
     def __init__(self, mod, target_spec, model, tok, work_dir, batch: int = 8, keep: int = 2,
-                 timeout_s: float = 60.0, workers: int = 2, seed: int = 0, checker=None):
+                 timeout_s: float = 60.0, workers: int = 2, seed: int = 0, checker=None,
+                 cost_model=None, oversample: int = 1):
         from pipeline.describe import describe
         from pipeline.tvm_env import make_target, ms
         from pipeline.verify import Checker
@@ -70,6 +78,11 @@ class Tuner:
         self.seen: dict[str, dict] = {}
         for row in files.read_jsonl(self.log_path) if self.log_path.exists() else []:
             self.seen[row["script"]] = row
+        if oversample < 1:
+            raise ValueError(f"oversample must be >= 1, got {oversample}")
+        self.cost_model, self.oversample = cost_model, oversample if cost_model is not None else 1
+        if cost_model is not None and self.seen:     # a resumed run: what it measured already
+            cost_model.add(mod, list(self.seen), [r["latency_s"] for r in self.seen.values()])
 
     # -- rounds ---------------------------------------------------------------------------
     def prompts(self) -> list[tuple[str, int]]:
@@ -78,8 +91,8 @@ class Tuner:
 
         best = sorted((r for r in self.seen.values() if r["latency_s"]), key=lambda r: r["latency_s"])[: self.keep]
         if not best:
-            return [(construction_prompt(self.description, self.target.kind.name), self.batch)]
-        per = max(1, self.batch // len(best))
+            return [(construction_prompt(self.description, self.target.kind.name), self.batch * self.oversample)]
+        per = max(1, self.batch * self.oversample // len(best))
         return [(refinement_prompt(self.description, self.target.kind.name, r["script"],
                                    (r["baseline_s"] / r["latency_s"]) if r["baseline_s"] else 1.0), per)
                 for r in best]
@@ -106,7 +119,16 @@ class Tuner:
             files.append_jsonl(self.log_path, row)
             self.seen[script] = row
             rows.append(row)
+        if self.cost_model is not None:
+            self.cost_model.add(self.mod, scripts, [r["latency_s"] for r in rows])
         return rows
+
+    def choose(self, fresh: list[str], n: int) -> list[str]:
+        """The `n` of this round's new scripts to measure: the cost model's best-predicted, or
+        (without one) the first `n` the model wrote."""
+        if self.cost_model is None or len(fresh) <= n:
+            return fresh[:n]
+        return self.cost_model.pick(self.mod, fresh, n)
 
     def _commit(self, script: str, latency_s: float | None) -> None:
         """The candidate as a MetaSchedule tuning record (1e10 s when it failed, as MetaSchedule
@@ -130,11 +152,15 @@ class Tuner:
         result = TuneResult()
         rows = list(self.seen.values())
         idle, round_ = 0, 1 + max((r["round"] for r in rows), default=0)
+        wrote: set[str] = set()
         bar = tqdm(total=trials, initial=min(len(rows), trials), desc="tune", unit="candidate", disable=not progress)
         while len(rows) < trials:
             scripts, gen_s = self.write(round_)
             result.generation_seconds += gen_s
-            fresh = list(dict.fromkeys(s for s in scripts if s not in self.seen))[: trials - len(rows)]
+            new = list(dict.fromkeys(s for s in scripts if s not in self.seen))
+            wrote.update(new)
+            result.written = len(wrote)
+            fresh = self.choose(new, min(self.batch, trials - len(rows)))
             if not fresh:
                 idle += 1
                 if idle >= max_idle_rounds:

@@ -35,7 +35,10 @@ def _best_curve(latencies: list[float | None]) -> list[float | None]:
     return out
 
 
-def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker) -> dict:
+def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
+             oversample: int = 1, cost=None) -> dict:
+    """`oversample` > 1: also the model with a cost model choosing what to measure among
+    `oversample` times the batch (`cost()` makes a fresh one: pre-trained or empty)."""
     from pipeline import metaschedule
     from pipeline.model_strategy import ModelFirst
     from pipeline.stages.evaluate import te_module
@@ -50,6 +53,14 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model", checker=checker).run(trials, progress=False)
         row["model"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve, "measured": r.measured,
                         "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped}
+        if oversample > 1:
+            start = time.perf_counter()
+            cm = cost()
+            r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model_cost", checker=checker, cost_model=cm,
+                      oversample=oversample).run(trials, progress=False)
+            row["model_cost"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve,
+                                 "measured": r.measured, "written": r.written, "correct": r.correct,
+                                 "rounds": r.rounds, "stopped": r.stopped, "pretrained_on": cm.trained_on}
         tuned = metaschedule.tune(mod, target, ms_trials, Path(tmp) / "ms", sp, f"bench_{item}")
         row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
         # the model inside MetaSchedule: its first batch written by the model, the rest evolved
@@ -74,7 +85,7 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
     def at(curve, k):
         return curve[min(k, len(curve)) - 1] if curve else None
 
-    per, wins, reach, hybrid_wins = [], 0, [], 0
+    per, wins, reach, hybrid_wins, cost_wins = [], 0, [], 0, 0
     for row in rows:
         m, s = row["model"]["curve"], row["metaschedule"]["curve"]
         ms_full = at(s, ms_trials)
@@ -83,16 +94,20 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
         wins += win
         hybrid_n = at(row["model_first"]["curve"], trials) if "model_first" in row else None
         hybrid_wins += hybrid_n is not None and ms_full is not None and hybrid_n <= ms_full
+        cost_n = at(row["model_cost"]["curve"], trials) if "model_cost" in row else None
+        cost_wins += cost_n is not None and ms_full is not None and cost_n <= ms_full
         need = next((i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
         reach.append(need)
         per.append({"task": row["task"], f"model@{trials}": model_n, f"ms@{trials}": at(s, trials),
                     f"ms@{ms_trials}": ms_full, "model_le_ms_full": win, "model_trials_to_ms_full": need,
-                    f"model_first@{trials}": hybrid_n,
+                    f"model_first@{trials}": hybrid_n, f"model_cost@{trials}": cost_n,
+                    "ratio_model_cost_to_ms_full": (cost_n / ms_full) if cost_n and ms_full else None,
                     "model_seconds": row["model"]["seconds"], "ms_seconds": row["metaschedule"]["seconds"],
                     "ratio_model_to_ms_full": (model_n / ms_full) if model_n and ms_full else None})
     return {"tasks": len(rows), "trials": trials, "ms_trials": ms_trials,
             f"model@{trials}_le_ms@{ms_trials}": wins, "fraction": wins / len(rows) if rows else None,
             f"model_first@{trials}_le_ms@{ms_trials}": hybrid_wins,
+            f"model_cost@{trials}_le_ms@{ms_trials}": cost_wins,
             "target_fraction": 0.7, "per_task": per}
 
 
@@ -106,8 +121,8 @@ def plot(rows: list[dict], path: str) -> None:
     cols = min(4, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4 * cols, 3 * ((n + cols - 1) // cols)), squeeze=False)
     for ax, row in zip(axes.flat, rows):
-        for key, label in (("model", "model (tune)"), ("metaschedule", "MetaSchedule"),
-                           ("model_first", "model first, then MetaSchedule")):
+        for key, label in (("model", "model (tune)"), ("model_cost", "model + cost model (tune)"),
+                           ("metaschedule", "MetaSchedule"), ("model_first", "model first, then MetaSchedule")):
             if key not in row:
                 continue
             curve = row[key]["curve"]
@@ -132,10 +147,15 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--ms-trials", type=int, default=64)
     ap.add_argument("--out", default="reports/bench_tune_cpu.json")
+    ap.add_argument("--oversample", type=int, default=4,
+                    help="also tune with a cost model choosing among this many times the batch (1: not)")
+    ap.add_argument("--cost-data", default=None,
+                    help="a search work folder to pre-train the cost model on (default: none, it learns online only)")
     args = ap.parse_args()
     import yaml
 
     from pipeline import files, models, params as P
+    from pipeline.stages.data import DataParams
     from pipeline.stages.search import SearchParams
     from pipeline.verify import Checker
 
@@ -146,9 +166,18 @@ def main() -> None:
                              genetic_num_iters=4, trials_per_iter=16)
     model, tok = models.load(args.model)
     checker = Checker(timeout_s=120, workers=2)
+    from pipeline import cost_model
+
+    def cost():
+        if args.cost_data is None:
+            return cost_model.CostModel(raw["search"]["target"])
+        return cost_model.pretrained(raw["search"]["target"], args.cost_data, cost_model.training_split_exclusions(
+            P.from_dict(DataParams, {**raw["data"], "search_dir": args.cost_data}, "data")), cache_dir="data/cost-model")
+
     rows = []
     for item in args.tasks:
-        rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker))
+        rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
+                             args.oversample, cost))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model, "target": raw["search"]["target"], **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
@@ -156,6 +185,7 @@ def main() -> None:
     s = summarize(rows, args.trials, args.ms_trials)
     print(f"model@{args.trials} <= MetaSchedule@{args.ms_trials} on {s[f'model@{args.trials}_le_ms@{args.ms_trials}']}"
           f"/{s['tasks']} tasks; ModelFirst@{args.trials}: {s[f'model_first@{args.trials}_le_ms@{args.ms_trials}']}"
+          f"/{s['tasks']}; model + cost model: {s[f'model_cost@{args.trials}_le_ms@{args.ms_trials}']}"
           f"/{s['tasks']} -> {args.out}")
 
 

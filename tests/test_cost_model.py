@@ -1,0 +1,113 @@
+"""The cost model that picks which of the model's scripts `tune` measures: features through the
+project's decode path, learning a ranking, pre-training from a real JSONDatabase (exclusions,
+the kept features), and the tuner measuring its picks."""
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import SPEC, tiny_model
+from pipeline import codec
+from pipeline.cost_model import CostModel, pretrained
+from pipeline.space import context, sample_many
+from pipeline.tvm_env import ms, structural_hash
+from pipeline.workloads import Spec, build
+
+
+def _scripts(mod, target, n, seed=0):
+    return [codec.canonical_script(s.trace) for s in sample_many(mod, target, n, seed=seed)]
+
+
+def _synthetic_latency(x: np.ndarray) -> float:
+    """A latency the features determine (the model must learn it from them): more float ops
+    in the innermost stores, slower."""
+    return 1e-5 * (1.0 + float(np.abs(x).sum()) / 1e3)
+
+
+def test_script_features_are_those_of_the_sampled_schedule(cpu_target):
+    mod = build(SPEC)
+    schs = sample_many(mod, cpu_target, 6, seed=3)
+    direct = ms.feature_extractor.PerStoreFeature().extract_from(
+        context(cpu_target, mod), [ms.MeasureCandidate(s, ms.arg_info.ArgInfo.from_prim_func(s.mod["main"])) for s in schs])
+    via = CostModel(cpu_target).features(mod, [codec.canonical_script(s.trace) for s in schs] + ["not a script"])
+    assert via[-1] is None
+    assert all(np.array_equal(a.numpy().astype("float32"), b) for a, b in zip(direct, via[:-1]))
+
+
+def test_it_learns_a_ranking_and_picks_the_predicted_best(cpu_target):
+    mod = build(SPEC)
+    scripts = list(dict.fromkeys(_scripts(mod, cpu_target, 48, seed=1)))
+    model = CostModel(cpu_target)
+    feats = model.features(mod, scripts)
+    lat = [_synthetic_latency(x) for x in feats]
+    train, held = scripts[:32], scripts[32:]
+    before = model.scores(mod, held)             # untrained: random scores, but one per script
+    assert len(before) == len(held) and all(s is not None for s in before)
+    assert model.add(mod, train, lat[:32]) == 32 and model.size == 32 and model.trained_on == 32
+    scores = model.scores(mod, held)
+    truth = lat[32:]
+    # held-out scripts: predicted order follows the true one
+    from scipy.stats import spearmanr
+
+    assert spearmanr(scores, [-t for t in truth]).correlation > 0.5
+    picked = model.pick(mod, held, 3, epsilon=0.0)
+    left = [scores[i] for i, h in enumerate(held) if h not in picked]
+    assert len(set(picked)) == 3 and min(scores[held.index(s)] for s in picked) >= max(left)
+    assert np.mean([truth[held.index(s)] for s in picked]) < np.mean(truth)
+    # a failed candidate is data (MetaSchedule's failed cost), a script that does not apply is not
+    assert model.add(mod, held[:1] + ["broken"], [None, 1.0], train=False) == 1 and model.groups[structural_hash(mod)][1][-1] == 1e10
+
+
+def _database(folder, target, specs, per_workload, seed=0):
+    """A search shard for real: TVM's JSONDatabase with each spec's sampled traces committed
+    (run_secs from the synthetic latency), and the stage's workloads.json beside it."""
+    shard = folder / "shard-0000"
+    shard.mkdir(parents=True)
+    db = ms.database.JSONDatabase(work_dir=str(shard))
+    entries, model = [], CostModel(target)
+    for spec in specs:
+        mod = build(spec)
+        workload = db.commit_workload(mod)
+        schs = sample_many(mod, target, per_workload, seed=seed)
+        feats = model.features(mod, [codec.canonical_script(s.trace) for s in schs])
+        for s, x in zip(schs, feats):
+            db.commit_tuning_record(ms.database.TuningRecord(
+                s.trace, workload, [_synthetic_latency(x)], target, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+        entries.append({**spec.to_json(), "hash": structural_hash(mod), "target": {"kind": "llvm", "num-cores": 2}})
+    (shard / "workloads.json").write_text(json.dumps(entries))
+
+
+def test_pretraining_reads_a_search_database_leaves_out_exclusions_and_keeps_its_features(tmp_path, cpu_target):
+    other = Spec("matmul", (8, 32, 48), "float32")
+    _database(tmp_path / "search", cpu_target, [SPEC, other], 10)
+    model = CostModel(cpu_target)
+    info = model.pretrain(tmp_path / "search", exclude={other.id})
+    assert info == {"workloads": 1, "records": 10}
+    assert set(model.groups) == {structural_hash(build(SPEC))} and model.xgb.booster is not None
+    kept = pretrained(cpu_target, tmp_path / "search", {other.id}, cache_dir=tmp_path / "cache")
+    assert (tmp_path / "cache" / "cost_model-llvm.npz").exists()
+    again = pretrained(cpu_target, tmp_path / "search", {other.id}, cache_dir=tmp_path / "cache")
+    assert again.size == kept.size == 10
+    probe = _scripts(build(SPEC), cpu_target, 5, seed=9)
+    assert np.allclose(kept.scores(build(SPEC), probe), again.scores(build(SPEC), probe))
+    everything = pretrained(cpu_target, tmp_path / "search", set(), cache_dir=tmp_path / "cache")
+    assert everything.size == 20           # other exclusions: not the kept features
+
+
+def test_tuner_with_a_cost_model_writes_more_than_it_measures(tmp_path, cpu_target):
+    from pipeline import files, models
+    from pipeline.tune import Tuner
+
+    tiny_model(tmp_path / "model", cpu_target, steps=60)
+    model, tok = models.load(tmp_path / "model")
+    cost = CostModel(cpu_target)
+    tuner = Tuner(build(SPEC), {"kind": "llvm", "num-cores": 2}, model, tok, tmp_path / "tuned", batch=2,
+                  cost_model=cost, oversample=4)
+    result = tuner.run(4, progress=False)
+    rows = list(files.read_jsonl(tmp_path / "tuned" / "tune.jsonl"))
+    assert result.measured == len(rows) == 4
+    assert result.written > result.measured          # the cost model chose among more
+    assert cost.size == 4                             # and learned from every measurement
+    with pytest.raises(ValueError, match="oversample"):
+        Tuner(build(SPEC), {"kind": "llvm", "num-cores": 2}, model, tok, tmp_path / "t2", cost_model=cost, oversample=0)
