@@ -210,6 +210,13 @@ def _optimize(args) -> int:
     return 0
 
 
+def _cost_model_args(p) -> None:
+    p.add_argument("--oversample", type=int, default=1,
+                   help="the model writes this many times the batch and a cost model picks what to measure (1: no cost model)")
+    p.add_argument("--cost-data", default=None,
+                   help="search work folder the cost model pre-trains on (default: the target's campaign in databases/)")
+
+
 def _tune(args) -> int:
     from pipeline import models, optimize, tune
 
@@ -218,7 +225,8 @@ def _tune(args) -> int:
         return 2
     try:
         r = tune.tune(args.kernel, _target_arg(args.target), args.trials, model_dir, args.work_dir,
-                      batch=args.batch, timeout_s=args.timeout, progress=not args.quiet)
+                      batch=args.batch, timeout_s=args.timeout, progress=not args.quiet,
+                      oversample=args.oversample, cost_data=args.cost_data)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon tune: {err}", file=sys.stderr)
         return 2
@@ -234,7 +242,8 @@ def _tune_model(args) -> int:
         return 2
     try:
         r = tune_model.tune_model(args.network, _target_arg(args.target), args.trials_per_task, model_dir,
-                                  args.work_dir, batch=args.batch, timeout_s=args.timeout, progress=not args.quiet)
+                                  args.work_dir, batch=args.batch, timeout_s=args.timeout, progress=not args.quiet,
+                                  oversample=args.oversample, cost_data=args.cost_data)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon tune-model: {err}", file=sys.stderr)
         return 2
@@ -327,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
     p.add_argument("--trials", type=int, default=16, help="distinct candidates to measure (N)")
     p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round")
+    _cost_model_args(p)
     p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
     p.add_argument("--work-dir", default="tuned", help="MetaSchedule database and tune.jsonl (resumable)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per phase of each check")
@@ -338,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
     p.add_argument("--trials-per-task", type=int, default=16, help="distinct candidates to measure per task (N)")
     p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round")
+    _cost_model_args(p)
     p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
     p.add_argument("--work-dir", default="tuned-model", help="one MetaSchedule database per task + result.json (resumable)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per phase of each check")

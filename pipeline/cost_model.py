@@ -215,3 +215,35 @@ def pretrained(target, search_dir: Path | str, exclude: set[str], cache_dir: Pat
     model.pretrain(search_dir, exclude, progress)
     model.save_arrays(path, key)
     return model
+
+
+# The search campaigns kept in git (databases/README.md), by target kind: what `tune`
+# pre-trains its cost model on when no other search folder is named.
+CAMPAIGNS = {"llvm": "databases/search-cpu", "cuda": "databases/search-gpu"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def for_target(target, search_dir: Path | str | None = None, cache_dir: Path | str = "data/cost-model",
+               progress: bool = False) -> tuple[CostModel, str]:
+    """(a cost model for `target`, where its data came from). Pre-trained on `search_dir`, or
+    else on the campaign archive kept in git for the target's kind (unpacked to a temporary
+    folder); without either it starts empty and learns from the tuning's own measurements.
+    Either way the data stage's validation and test workloads of that search are left out."""
+    import tempfile
+
+    from pipeline import archive
+    from pipeline.stages.data import DataParams
+
+    model = CostModel(target)
+    kind = model.target.kind.name
+    if search_dir is not None:
+        exclude = training_split_exclusions(DataParams(search_dir=str(search_dir)))
+        return pretrained(model.target, search_dir, exclude, cache_dir, progress), str(search_dir)
+    kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
+    if kept is None or not (kept / "index.json").exists():
+        return model, "none (it learns from this tuning's measurements only)"
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in json.loads((kept / "index.json").read_text()):
+            archive.restore(Path(tmp) / name, kept)
+        exclude = training_split_exclusions(DataParams(search_dir=tmp))
+        return pretrained(model.target, tmp, exclude, cache_dir, progress), str(kept.relative_to(REPO))

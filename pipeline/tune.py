@@ -41,6 +41,7 @@ class TuneResult:
     seconds: float = 0.0
     generation_seconds: float = 0.0
     written: int = 0              # distinct new scripts the model wrote (>= measured with a cost model)
+    cost_data: str = ""           # what the cost model was pre-trained on ("" : no cost model)
     stopped: str = ""
 
     @property
@@ -188,7 +189,11 @@ class Tuner:
 
 
 def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: str, batch: int = 8,
-         timeout_s: float = 60.0, progress: bool = True) -> TuneResult:
+         timeout_s: float = 60.0, progress: bool = True, oversample: int = 1,
+         cost_data: str | None = None) -> TuneResult:
+    """`oversample` > 1: a cost model (pipeline.cost_model.for_target: pre-trained on
+    `cost_data`, or the target's search campaign kept in git) picks what to measure among
+    `oversample` times the batch."""
     from pipeline import models
     from pipeline.describe import DescribeError
     from pipeline.optimize import KernelError, load_kernel
@@ -196,17 +201,41 @@ def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: s
 
     if trials < 1:
         raise KernelError(f"--trials must be >= 1, got {trials}")
+    check_cost_args(oversample, cost_data)
     make_target(target_spec)          # a bad target fails here, before the model loads
     mod = load_kernel(kernel_path)
     model, tok = models.load(model_dir)
+    cost, source = cost_model(target_spec, oversample, cost_data, progress)
     try:
-        tuner = Tuner(mod, target_spec, model, tok, work_dir, batch=batch, timeout_s=timeout_s)
+        tuner = Tuner(mod, target_spec, model, tok, work_dir, batch=batch, timeout_s=timeout_s,
+                      cost_model=cost, oversample=oversample)
     except DescribeError as err:
         raise KernelError(f"{kernel_path}: {err}") from None
     result = tuner.run(trials, progress=progress)
+    result.cost_data = source
     if result.best_script:
         files.write_text_atomic(Path(work_dir) / "best.script", result.best_script + "\n")
     return result
+
+
+def cost_model(target_spec, oversample: int, cost_data: str | None, progress: bool):
+    """(the cost model for a tune, its data source), or (None, "") when `oversample` is 1."""
+    if oversample <= 1:
+        return None, ""
+    from pipeline import cost_model as cm
+
+    return cm.for_target(target_spec, cost_data, progress=progress)
+
+
+def check_cost_args(oversample: int, cost_data: str | None) -> None:
+    """Bad --oversample / --cost-data fail before anything loads."""
+    from pipeline import records
+    from pipeline.optimize import KernelError
+
+    if oversample < 1:
+        raise KernelError(f"--oversample must be >= 1, got {oversample}")
+    if cost_data is not None and not records.shard_dirs(cost_data):
+        raise KernelError(f"--cost-data {cost_data}: not a search work folder (no shard-*/ databases in it)")
 
 
 def main_summary(r: TuneResult, work_dir: str) -> str:
@@ -214,4 +243,6 @@ def main_summary(r: TuneResult, work_dir: str) -> str:
         return f"tune: {r.measured} candidates measured, none correct; database in {work_dir}"
     return (f"tune: {r.measured} candidates ({r.correct} correct) in {r.rounds} rounds, {r.seconds:.0f} s; "
             f"best {r.best_latency_s * 1e6:.1f} us ({r.speedup:.2f}x the baseline) -> {work_dir}/best.script, "
-            f"MetaSchedule database in {work_dir}" + (f" ({r.stopped})" if r.stopped else ""))
+            f"MetaSchedule database in {work_dir}" + (f" ({r.stopped})" if r.stopped else "")
+            + (f"; {r.written} written, a cost model pre-trained on {r.cost_data} chose what to measure"
+               if r.cost_data else ""))

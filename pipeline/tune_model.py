@@ -155,28 +155,34 @@ def end_to_end(mod, target, database, reference=None, seed: int = 0) -> dict:
 
 
 def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, work_dir: str, batch: int = 8,
-               timeout_s: float = 60.0, progress: bool = True) -> dict:
+               timeout_s: float = 60.0, progress: bool = True, oversample: int = 1,
+               cost_data: str | None = None) -> dict:
+    """`oversample` > 1: one cost model for all tasks (as MetaSchedule shares one across a
+    network's tasks) picks what each task measures among `oversample` times its batch."""
     from pipeline import models
     from pipeline.describe import DescribeError
-    from pipeline.tune import Tuner
+    from pipeline.tune import Tuner, check_cost_args, cost_model
     from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
 
     if trials_per_task < 1:
         raise KernelError(f"--trials-per-task must be >= 1, got {trials_per_task}")
+    check_cost_args(oversample, cost_data)
     target = make_target(target_spec)          # a bad target fails here, before anything loads
     mod = load_network(path)
     tasks = extract_tasks(mod, target)
     if not tasks:
         raise KernelError(f"{path}: the network has no tuning task (no operator to schedule)")
     model, tok = models.load(model_dir)
+    cost, source = cost_model(target_spec, oversample, cost_data, progress)
     work = Path(work_dir)
     checker = Checker(timeout_s=timeout_s)
     rows, dirs, start = [], [], time.perf_counter()
     for i, task in enumerate(tasks):
         folder = work / "tasks" / f"{i:02d}-{task.task_name}"
         try:
-            tuner = Tuner(task.dispatched[0], target_spec, model, tok, folder, batch=batch, checker=checker)
+            tuner = Tuner(task.dispatched[0], target_spec, model, tok, folder, batch=batch, checker=checker,
+                          cost_model=cost, oversample=oversample)
         except DescribeError as err:
             rows.append({"task": task.task_name, "weight": int(task.weight), "skipped": str(err)})
             continue
@@ -193,7 +199,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, wor
     result = {"network": str(path), "target": target_spec, "trials_per_task": trials_per_task, "tasks": rows,
               "measured": sum(r.get("measured", 0) for r in rows), "tune_seconds": round(tune_s, 1),
               "untuned_latency_s": untuned["latency_s"], "tuned_latency_s": tuned["latency_s"],
-              "matches_untuned": tuned["matches_untuned"],
+              "matches_untuned": tuned["matches_untuned"], "cost_data": source,
               "speedup_vs_untuned": untuned["latency_s"] / tuned["latency_s"]}
     files.write_json(work / "result.json", result)
     return result

@@ -49,6 +49,8 @@ def test_tune_measures_n_candidates_into_a_database_tvm_reads_and_resumes(tmp_pa
 @pytest.mark.parametrize("extra,message", [
     (["--trials", "0"], "--trials must be >= 1"),
     (["--target", "no-such-target"], "no-such-target"),
+    (["--oversample", "0"], "--oversample must be >= 1"),
+    (["--oversample", "4", "--cost-data", "no-such-folder"], "not a search work folder"),
 ])
 def test_tune_rejects_bad_input_with_one_line(tmp_path, capsys, extra, message):
     kernel = tmp_path / "k.py"

@@ -2,12 +2,14 @@
 search at equal measured candidates, on TVM's te_workload kernels, in one run.
 
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
-        [--ms-trials 64] [--out reports/bench_tune_cpu.json]
+        [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
 MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round); and the model inside
 MetaSchedule (pipeline.model_strategy.ModelFirst) tunes `--trials`: half written by the model,
-the rest evolved by MetaSchedule from them. Every candidate of both is
+the rest evolved by MetaSchedule from them; with `--oversample K` (default 4), the model with a
+cost model (pipeline.cost_model, pre-trained on the target's search campaign unless `--cost-data`
+says otherwise) choosing what to measure among K times each batch. Every candidate of each is
 timed by the same checker (pipeline.verify), so the comparison never mixes two timers:
 MetaSchedule's best of its first K is the fastest of its first K candidates as the checker
 times them, as in the evaluation. Reported: best latency after 8, 16, ... candidates for
@@ -150,12 +152,12 @@ def main() -> None:
     ap.add_argument("--oversample", type=int, default=4,
                     help="also tune with a cost model choosing among this many times the batch (1: not)")
     ap.add_argument("--cost-data", default=None,
-                    help="a search work folder to pre-train the cost model on (default: none, it learns online only)")
+                    help="a search work folder to pre-train the cost model on (default: the target's campaign in "
+                         "databases/; none: it learns from each tune's measurements only)")
     args = ap.parse_args()
     import yaml
 
     from pipeline import files, models, params as P
-    from pipeline.stages.data import DataParams
     from pipeline.stages.search import SearchParams
     from pipeline.verify import Checker
 
@@ -169,10 +171,9 @@ def main() -> None:
     from pipeline import cost_model
 
     def cost():
-        if args.cost_data is None:
+        if args.cost_data == "none":
             return cost_model.CostModel(raw["search"]["target"])
-        return cost_model.pretrained(raw["search"]["target"], args.cost_data, cost_model.training_split_exclusions(
-            P.from_dict(DataParams, {**raw["data"], "search_dir": args.cost_data}, "data")), cache_dir="data/cost-model")
+        return cost_model.for_target(raw["search"]["target"], args.cost_data)[0]
 
     rows = []
     for item in args.tasks:
