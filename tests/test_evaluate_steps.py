@@ -124,3 +124,29 @@ def test_the_models_phase_runs_alone_on_the_kept_runs(tmp_path, cpu_target):
     assert not other.exists() or not any(k.startswith("model:") for k in json.loads(other.read_text()))
     with pytest.raises(P.ParamsError, match="exclude each other"):
         ev.main(str(params), progress=False, metaschedule_only=True, models_only=True)
+
+
+def test_the_candidate_with_a_cost_model_is_reported_beside_it(tmp_path, cpu_target, monkeypatch):
+    """evaluate.rerank_oversample: the candidate writes 2K scripts per construction prompt and
+    the cost model's K best are checked, as "<candidate>+cm", construction only, not gated;
+    the plain candidate's figures are unchanged by it (the same kept results)."""
+    from pipeline import cost_model
+    from pipeline.stages import evaluate as ev
+
+    monkeypatch.setattr(cost_model, "CAMPAIGNS", {})     # no campaign: the cost model learns nothing ahead
+    params = eval_params(tmp_path, cpu_target, te_suite=[], te_timed=[], attempts=2, metaschedule_trials=4,
+                         refinement_prompts=1, rerank_oversample=2, archive_dir=str(tmp_path / "kept"),
+                         metrics=str(tmp_path / "metrics.json"), report=str(tmp_path / "evaluation.md"))
+    m = ev.main(str(params), progress=False)
+    cm = m["models"]["rl+cm"]
+    assert cm["rerank"] == {"oversample": 2, "written_per_prompt": 4}
+    assert cm["construction"]["attempts"] == 2 and cm["refinement"]["attempts"] == 0
+    assert cm["gate"]["passed"] is None and "rl+cm" in (tmp_path / "evaluation.md").read_text()
+    kept = json.loads((tmp_path / "kept" / "tasks" / f"{SPEC.id}.json").read_text())
+    result = kept["model:rl+cm:guided:no-refinements"]["result"]
+    assert result["written"] == 4 and len(result["construction"]) == 2
+    assert len(set(result["scripts"])) == len(result["scripts"])     # distinct picks
+    # the plain candidate, evaluated in the same run, keeps its own K attempts
+    assert m["models"]["rl"]["construction"]["attempts"] == 2
+    assert "model:rl:guided:with-refinements" in kept or "model:rl:guided:no-refinements" in kept
+    assert m["candidate"] == "rl" and m["construction"] == m["models"]["rl"]["construction"]

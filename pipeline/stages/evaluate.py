@@ -85,6 +85,12 @@ class EvalParams:
     # recorded as "untimed". Measured on 32 H200 tasks (python -m pipeline.bench.retime_top):
     # the checker's best of the 24 fastest was its best of all 64 on every task
     metaschedule_retime: int | None = None
+    # The candidate again, with a cost model choosing what to measure (pipeline.cost_model,
+    # pre-trained on the target's search campaign): it writes `rerank_oversample` x `attempts`
+    # scripts per construction prompt and the `attempts` best-predicted are checked. Reported as
+    # "<candidate>+cm" beside the plain figures, construction only, never registered (the cost
+    # model is not part of the model). 1: off
+    rerank_oversample: int = 1
     gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
 
     def __post_init__(self):
@@ -92,6 +98,7 @@ class EvalParams:
         P.require(self.attempts >= 1, "evaluate.attempts must be >= 1")
         P.require(self.catalog_workloads >= 0, "evaluate.catalog_workloads must be >= 0")
         P.require(self.metaschedule_group >= 1, "evaluate.metaschedule_group must be >= 1")
+        P.require(self.rerank_oversample >= 1, "evaluate.rerank_oversample must be >= 1 (1: no cost model)")
         P.require(self.metaschedule_retime is None or self.metaschedule_retime >= 1,
                   "evaluate.metaschedule_retime must be >= 1 or null (all)")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
@@ -399,14 +406,15 @@ def _result_from_json(d: dict) -> dict:
 
 def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measurer, target, seed: int,
               progress: bool, p: EvalParams | None = None, deadline: float | None = None,
-              loaded: dict | None = None) -> dict:
+              loaded: dict | None = None, pick: tuple | None = None) -> dict:
     """K scripts per construction prompt and per refinement prompt, each checked and timed.
     Several tasks' prompts are written in one batched generation (up to `g.batch_rows` rows),
     then all their scripts are checked side by side: one prompt at a time left an H200 idle
     between decoding steps (session 11: ~70 s a task). With `g.guided` (the default) every
     script comes from the kernel's design space. With `p.archive_dir`, a task's results kept
     for the same model files and settings are reused. `loaded`: model folder -> (model,
-    tokenizer) already loaded, filled in here (one load for several calls)."""
+    tokenizer) already loaded, filled in here (one load for several calls). `pick` = (a cost
+    model, K): of the `g.attempts` scripts written per prompt, the K it ranks best are checked."""
     from dataclasses import asdict
 
     from pipeline import models
@@ -416,7 +424,7 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     # batch_rows changes how rows are grouped, not what is sampled: results kept before it count
     gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
     key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": gen,
-           "refinements": None}
+           "refinements": None, **({"pick": pick[1]} if pick else {})}
     out, todo = {}, []
     for t in tasks:
         kept = _cache_read(p, t.key).get(_model_field(label, mode, t)) if p is not None else None
@@ -433,7 +441,7 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
         if model_dir not in loaded:
             loaded[model_dir] = models.load(model_dir)
         model, tok = loaded[model_dir]
-        written = _write_and_check(model, tok, chunk, g, measurer, target, seed)
+        written = _write_and_check(model, tok, chunk, g, measurer, target, seed, pick)
         for t in chunk:
             result = out[t.key] = written[t.key]
             if p is not None:
@@ -463,7 +471,8 @@ def _task_chunks(tasks: list[Task], attempts: int, rows: int) -> list[list[Task]
     return out
 
 
-def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, target, seed: int) -> dict:
+def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, target, seed: int,
+                     pick: tuple | None = None) -> dict:
     """One batched generation for every prompt of `tasks`, then every script (and each
     refinement's source) checked, timed tasks timed. Per task: its results, with its share of
     the batch's generation time (by tokens) and checking time (by scripts) as its seconds."""
@@ -475,6 +484,10 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
         w = generate(model, tok, [q for _, q in prompts], g, seed=seed, kernels=[(t.mod, target) for t, _ in prompts],
                      lease=lease)
     gen_s = time.perf_counter() - start
+    start = time.perf_counter()
+    if pick:
+        _pick(w, [t.mod for t, _ in prompts], *pick)
+    rank_s = time.perf_counter() - start
     start = time.perf_counter()
     checked: dict = {}
     for timed in (True, False):
@@ -493,7 +506,8 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
         tokens = sum(w.prompt_tokens[j] for j in idx)
         cons_tokens = w.prompt_tokens[idx[0]]
         out[t.key] = {"construction": outcomes[0],
-                  "seconds": gen_s * cons_tokens / total_tokens + check_s * len(w.scripts[idx[0]]) / total_scripts,
+                  "seconds": ((gen_s + rank_s) * cons_tokens / total_tokens
+                              + check_s * len(w.scripts[idx[0]]) / total_scripts),
                   "refinement": [{"source": checked[(t.key, src)], "attempts": outcomes[1 + r], "complete": w.complete[j]}
                                  for r, ((_, src), j) in enumerate(zip(t.refinements, idx[1:]))],
                   "scripts": w.scripts[idx[0]], "complete": list(w.complete[idx[0]]), "tokens": tokens,
@@ -502,8 +516,23 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                   "mask_seconds": w.mask_seconds * tokens / total_tokens,
                   "postprocess_seconds": w.postprocess_seconds * tokens / total_tokens,
                   "check_seconds": check_s * sum(len(w.scripts[j]) for j in idx) / total_scripts,
+                  **({"rank_seconds": rank_s * tokens / total_tokens, "written": sum(w.written[j] for j in idx)}
+                     if pick else {}),
                   "retries": sum(w.prompt_retries[j] for j in idx)}
     return out
+
+
+def _pick(w, mods: list, cost, k: int) -> None:
+    """Per prompt, keep the `k` scripts the cost model ranks best among the distinct complete
+    ones written (`w.written` records how many were written); with fewer than `k` of those, the
+    rest are filled with what was written (repeats, incomplete ones: checked, failing as such)."""
+    w.written = [len(x) for x in w.scripts]
+    for j, mod in enumerate(mods):
+        scripts, complete = w.scripts[j], w.complete[j]
+        usable = list(dict.fromkeys(s for s, c in zip(scripts, complete) if s and c))
+        chosen = [scripts.index(s) for s in (cost.pick(mod, usable, k) if len(usable) > k else usable)]
+        chosen += [i for i in range(len(scripts)) if i not in chosen][: k - len(chosen)]
+        w.scripts[j], w.complete[j] = [scripts[i] for i in chosen], [complete[i] for i in chosen]
 
 
 def _incomplete_fail(outcomes: list[Outcome], complete: list) -> list[Outcome]:
@@ -697,7 +726,8 @@ def _plots(metrics: dict, labels: list[str], out_dir: Path) -> list[str]:
         share = []
         for _, m in bars:
             n = m["attempts"] or 1
-            share.append((m["correctness"] * m["attempts"] if stage == "ok" else m["failures_by_stage"][stage]) / n)
+            ok_n = (m["correctness"] or 0) * m["attempts"]     # None: no attempts (no refinement source)
+            share.append((ok_n if stage == "ok" else m["failures_by_stage"][stage]) / n)
         ax.bar(range(len(bars)), share, bottom=bottom, label=stage)
         bottom = [a + b for a, b in zip(bottom, share)]
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
@@ -734,6 +764,11 @@ def write_markdown(metrics: dict, path: str) -> None:
                      f"{d.get('construction_attempts', 0) + d.get('refinement_attempts', 0)} | {d.get('postproc_retries')} | "
                      f"{d.get('tokens')} | {d.get('tokens_per_second')} | {d.get('generation_seconds')} | "
                      f"{d.get('mask_seconds')} | {d.get('postprocess_seconds')} | {d.get('check_seconds')} |")
+    for label, m in metrics["models"].items():
+        if m.get("rerank"):
+            lines += ["", f"{label}: the candidate with a cost model (pipeline.cost_model, pre-trained on the target's "
+                      f"search campaign) checking the K best-predicted of {m['rerank']['written_per_prompt']} scripts "
+                      "written per construction prompt; construction only, not gated, not registered."]
     fs = metrics.get("free_sampling")
     if fs:
         lines += ["", f"Free sampling ({fs['model']}, the same construction prompts, same checker): correctness "
@@ -788,9 +823,11 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
     if not labels or not tasks:
         return {label: {} for label in labels}, ({} if free_on and labels else None)
     sampled_refinements(tasks, measurer, target, p.seed)
-    results: dict = {label: {} for label in labels}
+    rerank = rerank_label(p) if labels else None
+    results: dict = {label: {} for label in labels + ([rerank] if rerank else [])}
     free: dict | None = {} if free_on else None
     loaded: dict = {}          # each model loaded once, kept for every group
+    cost = None
     for i in range(0, len(tasks), MODELS_GROUP):
         group = tasks[i:i + MODELS_GROUP]
         for label in labels:
@@ -800,7 +837,21 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
             constructions = [replace(t, refinements=[]) for t in group]
             free.update(run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False),
                                   measurer, target, p.seed, progress, p, deadline, loaded=loaded))
+        if rerank:
+            if cost is None:
+                from pipeline import cost_model
+
+                cost = cost_model.for_target(target, progress=progress)[0]
+            constructions = [replace(t, refinements=[]) for t in group]
+            results[rerank].update(run_model(rerank, p.models[p.candidate], constructions,
+                                             replace(g, attempts=g.attempts * p.rerank_oversample), measurer, target,
+                                             p.seed, progress, p, deadline, loaded=loaded, pick=(cost, g.attempts)))
     return results, free
+
+
+def rerank_label(p: EvalParams) -> str | None:
+    """The label of the candidate with a cost model choosing what to measure (None: off)."""
+    return f"{p.candidate}+cm" if p.rerank_oversample > 1 else None
 
 
 def missing(tasks: list[Task], results: dict, free: dict | None) -> dict:
@@ -836,7 +887,7 @@ def _task_job(params_path: str, key: str, labels: list[str], free_on: bool, extr
     return {"key": key, "ms_scripts": task.ms_scripts, "ms_outcomes": task.ms_outcomes, "ms_seconds": task.ms_seconds,
             "ms_done": task.ms_done, "ms_error": task.ms_error,
             "refinements": task.refinements,
-            "results": {label: results[label][key] for label in labels if key in results[label]},
+            "results": {label: res[key] for label, res in results.items() if key in res},
             "free": free.get(key) if free else None}
 
 
@@ -862,7 +913,7 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
                                                                    d["ms_seconds"], d["refinements"])
         t.ms_done, t.ms_error = d["ms_done"], d["ms_error"]
         for label, r in d["results"].items():       # none where MetaSchedule's run is not done yet
-            results[label][t.key] = r
+            results.setdefault(label, {})[t.key] = r
         if free is not None and d["free"] is not None:
             free[t.key] = d["free"]
     return results, free
@@ -942,13 +993,17 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
               f"(kept in {p.archive_dir}); run `evaluate` over all tasks for the metrics")
         return {"incomplete": {}, "tasks": [t.key for t in tasks]}
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
+    constructions = [replace(t, refinements=[]) for t in tasks]
+    rerank = rerank_label(p) if labels else None
+    if rerank:      # construction only; its gate is shown, never used to register or promote
+        per_model[rerank] = {**model_metrics(results[rerank], constructions, p.attempts),
+                             "rerank": {"oversample": p.rerank_oversample, "written_per_prompt": p.attempts * p.rerank_oversample}}
     for label, m in per_model.items():
-        m["gate"] = gate(m, p.gates)
+        m["gate"] = gate(m, p.gates) if label != rerank else {"passed": None, "reasons": ["construction only: not gated"]}
         m["decoding"] = {"mode": "guided" if g.guided else "free", **decoding_figures(results[label])}
     # The model's own validity, beside the guided figures: the candidate sampled freely.
     free_sampling = None
     if free_on:
-        constructions = [replace(t, refinements=[]) for t in tasks]
         fm = model_metrics(free, constructions, p.attempts)
         free_sampling = {"model": p.candidate, "construction": {kk: fm["construction"][kk] for kk in
                                                                 ("correctness", "attempts", "failures_by_stage")},
