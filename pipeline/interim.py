@@ -53,8 +53,14 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
     test = {r["workload"] for r in files.read_jsonl(Path(p.dataset_dir) / "test.jsonl")}
     gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
     digests = {label: model_digest(p.models[label]) for label in labels}
+    # label -> (the key its kept results must carry): the models, and the candidate with a cost model
+    expect = {label: {"model": digests[label], "generation": gen} for label in labels}
+    rerank = E.rerank_label(p)
+    if rerank and p.candidate in digests:
+        expect[rerank] = {"model": digests[p.candidate], "generation": {**gen, "attempts": g.attempts * p.rerank_oversample},
+                          "pick": g.attempts}
     names = _task_names(p, archive)
-    tasks, results, free_results = [], {label: {} for label in labels}, {}
+    tasks, results, free_results = [], {label: {} for label in expect}, {}
     for name, key in names.items():
         kept = json.loads((archive / "tasks" / f"{name}.json").read_text())
         source = "te_workload" if key.startswith("te:") else "test" if key in test else "catalog"
@@ -68,10 +74,10 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
             else:
                 continue            # tuned but not re-timed yet: no baseline to compare with
         tasks.append(t)
-        for label in labels:
+        for label, want in expect.items():
             for field_name, entry in kept.items():
-                if (field_name.startswith(f"model:{label}:guided:") and entry["key"]["model"] == digests[label]
-                        and entry["key"]["generation"] == gen):
+                if (field_name.startswith(f"model:{label}:guided:") and entry["key"]["model"] == want["model"]
+                        and entry["key"]["generation"] == want["generation"] and entry["key"].get("pick") == want.get("pick")):
                     results[label][key] = E._result_from_json(entry["result"])
         free = kept.get(f"model:{p.candidate}:free:no-refinements")
         if (free and p.candidate in digests and free["key"]["model"] == digests[p.candidate]
@@ -89,7 +95,7 @@ def report(params_path: str) -> dict:
     if not labels:
         raise InterimError(f"none of the models {sorted(p.models.values())} exists")
     tasks, results, free, known = collect(p, g, labels)
-    labels = [label for label in labels if results[label]]
+    labels = [label for label in results if results[label]]
     if not labels:
         raise InterimError(f"{p.archive_dir} has no kept model results for the current model files and "
                            "generation settings: run evaluate --models-only first")

@@ -90,7 +90,7 @@ def test_every_model_writes_for_a_group_of_tasks_before_the_next(monkeypatch):
     monkeypatch.setattr(evaluate, "run_metaschedule", lambda *a, **k: None)
     monkeypatch.setattr(evaluate, "sampled_refinements", lambda *a, **k: None)
     tasks = [evaluate.Task(k, "te_workload", None, timed=False) for k in "abc"]
-    p = SimpleNamespace(models={"sft": "s", "rl": "r"}, candidate="rl", seed=0)
+    p = SimpleNamespace(models={"sft": "s", "rl": "r"}, candidate="rl", seed=0, rerank_oversample=1)
     measurer = SimpleNamespace(add=lambda *a: None)
     g = SimpleNamespace(guided=True)
     results, free = evaluate.evaluate_tasks(p, tasks, ["sft", "rl"], g, measurer, None, None, 4, free_on=False,
