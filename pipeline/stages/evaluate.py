@@ -485,8 +485,7 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                      lease=lease)
     gen_s = time.perf_counter() - start
     start = time.perf_counter()
-    if pick:
-        _pick(w, [t.mod for t, _ in prompts], *pick)
+    written = _pick(w, [t.mod for t, _ in prompts], *pick) if pick else None
     rank_s = time.perf_counter() - start
     start = time.perf_counter()
     checked: dict = {}
@@ -516,23 +515,24 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                   "mask_seconds": w.mask_seconds * tokens / total_tokens,
                   "postprocess_seconds": w.postprocess_seconds * tokens / total_tokens,
                   "check_seconds": check_s * sum(len(w.scripts[j]) for j in idx) / total_scripts,
-                  **({"rank_seconds": rank_s * tokens / total_tokens, "written": sum(w.written[j] for j in idx)}
+                  **({"rank_seconds": rank_s * tokens / total_tokens, "written": sum(written[j] for j in idx)}
                      if pick else {}),
                   "retries": sum(w.prompt_retries[j] for j in idx)}
     return out
 
 
-def _pick(w, mods: list, cost, k: int) -> None:
-    """Per prompt, keep the `k` scripts the cost model ranks best among the distinct complete
-    ones written (`w.written` records how many were written); with fewer than `k` of those, the
-    rest are filled with what was written (repeats, incomplete ones: checked, failing as such)."""
-    w.written = [len(x) for x in w.scripts]
+def _pick(w, mods: list, cost, k: int) -> list[int]:
+    """Per prompt, keep in `w` the `k` scripts the cost model ranks best among the distinct
+    complete ones written; with fewer than `k` of those, the rest are filled with what was written
+    (repeats, incomplete ones: checked, failing as such). Returns how many each prompt had."""
+    written = [len(x) for x in w.scripts]
     for j, mod in enumerate(mods):
         scripts, complete = w.scripts[j], w.complete[j]
         usable = list(dict.fromkeys(s for s, c in zip(scripts, complete) if s and c))
         chosen = [scripts.index(s) for s in (cost.pick(mod, usable, k) if len(usable) > k else usable)]
         chosen += [i for i in range(len(scripts)) if i not in chosen][: k - len(chosen)]
         w.scripts[j], w.complete[j] = [scripts[i] for i in chosen], [complete[i] for i in chosen]
+    return written
 
 
 def _incomplete_fail(outcomes: list[Outcome], complete: list) -> list[Outcome]:
