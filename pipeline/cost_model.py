@@ -235,15 +235,18 @@ def for_target(target, search_dir: Path | str | None = None, cache_dir: Path | s
     from pipeline.stages.data import DataParams
 
     model = CostModel(target)
-    kind = model.target.kind.name
+
+    def on(folder) -> CostModel:
+        exclude = training_split_exclusions(DataParams(search_dir=str(folder)))
+        return pretrained(model.target, folder, exclude, cache_dir, progress)
+
     if search_dir is not None:
-        exclude = training_split_exclusions(DataParams(search_dir=str(search_dir)))
-        return pretrained(model.target, search_dir, exclude, cache_dir, progress), str(search_dir)
+        return on(search_dir), str(search_dir)
+    kind = model.target.kind.name
     kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
     if kept is None or not (kept / "index.json").exists():
         return model, "none (it learns from this tuning's measurements only)"
     with tempfile.TemporaryDirectory() as tmp:
         for name in json.loads((kept / "index.json").read_text()):
             archive.restore(Path(tmp) / name, kept)
-        exclude = training_split_exclusions(DataParams(search_dir=tmp))
-        return pretrained(model.target, tmp, exclude, cache_dir, progress), str(kept.relative_to(REPO))
+        return on(tmp), str(kept.relative_to(REPO))

@@ -205,7 +205,7 @@ def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: s
     make_target(target_spec)          # a bad target fails here, before the model loads
     mod = load_kernel(kernel_path)
     model, tok = models.load(model_dir)
-    cost, source = cost_model(target_spec, oversample, cost_data, progress)
+    cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
     try:
         tuner = Tuner(mod, target_spec, model, tok, work_dir, batch=batch, timeout_s=timeout_s,
                       cost_model=cost, oversample=oversample)
@@ -218,7 +218,7 @@ def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: s
     return result
 
 
-def cost_model(target_spec, oversample: int, cost_data: str | None, progress: bool):
+def make_cost_model(target_spec, oversample: int, cost_data: str | None, progress: bool):
     """(the cost model for a tune, its data source), or (None, "") when `oversample` is 1."""
     if oversample <= 1:
         return None, ""

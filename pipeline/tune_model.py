@@ -161,7 +161,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, wor
     network's tasks) picks what each task measures among `oversample` times its batch."""
     from pipeline import models
     from pipeline.describe import DescribeError
-    from pipeline.tune import Tuner, check_cost_args, cost_model
+    from pipeline.tune import Tuner, check_cost_args, make_cost_model
     from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
 
@@ -174,7 +174,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, wor
     if not tasks:
         raise KernelError(f"{path}: the network has no tuning task (no operator to schedule)")
     model, tok = models.load(model_dir)
-    cost, source = cost_model(target_spec, oversample, cost_data, progress)
+    cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
     work = Path(work_dir)
     checker = Checker(timeout_s=timeout_s)
     rows, dirs, start = [], [], time.perf_counter()
