@@ -58,11 +58,13 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         if oversample > 1:
             start = time.perf_counter()
             cm = cost()
+            pretrained_on = cm.size
             r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model_cost", checker=checker, cost_model=cm,
                       oversample=oversample).run(trials, progress=False)
             row["model_cost"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve,
                                  "measured": r.measured, "written": r.written, "correct": r.correct,
-                                 "rounds": r.rounds, "stopped": r.stopped, "pretrained_on": cm.trained_on}
+                                 "rounds": r.rounds, "stopped": r.stopped, "pretrained_on": pretrained_on,
+                                 "trained_on_after_tune": cm.trained_on}
         tuned = metaschedule.tune(mod, target, ms_trials, Path(tmp) / "ms", sp, f"bench_{item}")
         row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
         # the model inside MetaSchedule: its first batch written by the model, the rest evolved
