@@ -2,7 +2,8 @@
 search at equal measured candidates, on TVM's te_workload kernels, in one run.
 
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
-        [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--out reports/bench_tune_cpu.json]
+        [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--checker-workers 2] \
+        [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
 MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round); and the model inside
@@ -153,6 +154,8 @@ def main() -> None:
     ap.add_argument("--out", default="reports/bench_tune_cpu.json")
     ap.add_argument("--oversample", type=int, default=4,
                     help="also tune with a cost model choosing among this many times the batch (1: not)")
+    ap.add_argument("--checker-workers", type=int, default=2,
+                    help="processes building the checked scripts (the machine's cores less two; 14 on one H200)")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
@@ -169,7 +172,7 @@ def main() -> None:
     sp = dataclasses.replace(P.from_dict(SearchParams, raw["search"], "search"), population_size=512,
                              genetic_num_iters=4, trials_per_iter=16)
     model, tok = models.load(args.model)
-    checker = Checker(timeout_s=120, workers=2)
+    checker = Checker(timeout_s=120, workers=args.checker_workers)
     from pipeline import cost_model
 
     def cost():
