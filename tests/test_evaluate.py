@@ -2,6 +2,8 @@
 
 import json
 
+import time
+
 import pytest
 
 from helpers import SPEC, tiny_model
@@ -83,6 +85,8 @@ def test_every_model_writes_for_a_group_of_tasks_before_the_next(monkeypatch):
     def run_model(label, model_dir, tasks, g, *args, **kwargs):
         calls.append((label, g.guided, [t.key for t in tasks]))
         kwargs["loaded"].setdefault(model_dir, object())
+        if label == "rl":
+            time.sleep(0.02)
         return {t.key: label for t in tasks}
 
     monkeypatch.setattr(evaluate, "MODELS_GROUP", 2)
@@ -93,8 +97,13 @@ def test_every_model_writes_for_a_group_of_tasks_before_the_next(monkeypatch):
     p = SimpleNamespace(models={"sft": "s", "rl": "r"}, candidate="rl", seed=0, rerank_oversample=1)
     measurer = SimpleNamespace(add=lambda *a: None)
     g = SimpleNamespace(guided=True)
+    spent = {"set-up": 1.0}
     results, free = evaluate.evaluate_tasks(p, tasks, ["sft", "rl"], g, measurer, None, None, 4, free_on=False,
-                                            progress=False)
+                                            progress=False, spent=spent)
+    # where the step's time went, summed over the groups (rl slept 2 x 20 ms)
+    assert list(spent) == ["set-up", "metaschedule", "refinement prompts", "sft", "rl"]
+    assert spent["rl"] >= 0.04 and spent["sft"] < spent["rl"]
+    assert evaluate._spent_line(spent).startswith("set-up 1 s")
     assert calls == [("sft", True, ["a", "b"]), ("rl", True, ["a", "b"]), ("sft", True, ["c"]), ("rl", True, ["c"])]
     assert results == {"sft": dict.fromkeys("abc", "sft"), "rl": dict.fromkeys("abc", "rl")} and free is None
 

@@ -810,19 +810,31 @@ MODELS_GROUP = 16
 
 def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measurer: Measurer, sp, target,
                    trials: int, free_on: bool, progress: bool, deadline: float | None = None,
-                   tune_new: bool = True) -> tuple[dict, dict | None]:
+                   tune_new: bool = True, spent: dict | None = None) -> tuple[dict, dict | None]:
     """MetaSchedule, then every model in `labels` (none: MetaSchedule only), on `tasks` in this
     process with one checker: (results per model label, the candidate's free-sampling results or
     None). The models write for the tasks whose MetaSchedule run is done (its refinement prompts
     come from it). Past `deadline` no new task is started: the results then lack some tasks (see
-    `missing`). `tune_new` False: no MetaSchedule run is started, only kept ones are read."""
+    `missing`). `tune_new` False: no MetaSchedule run is started, only kept ones are read.
+    `spent`: seconds per phase are added to it (MetaSchedule, each label, the cost model)."""
+    spent = {} if spent is None else spent
+    clock = time.perf_counter()
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        spent[phase] = spent.get(phase, 0.0) + now - clock
+        clock = now
+
     for t in tasks:
         measurer.add(t.key, t.mod)
     run_metaschedule(p, tasks, measurer, sp, target, trials, progress, deadline, tune_new)
+    lap("metaschedule")
     tasks = [t for t in tasks if t.ms_done or not t.timed]
     if not labels or not tasks:
         return {label: {} for label in labels}, ({} if free_on and labels else None)
     sampled_refinements(tasks, measurer, target, p.seed)
+    lap("refinement prompts")
     rerank = rerank_label(p) if labels else None
     results: dict = {label: {} for label in labels + ([rerank] if rerank else [])}
     free: dict | None = {} if free_on else None
@@ -833,20 +845,29 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
         for label in labels:
             results[label].update(run_model(label, p.models[label], group, g, measurer, target, p.seed, progress, p,
                                             deadline, loaded=loaded))
+            lap(label)
         if free is not None:   # construction prompts only: free scripts rarely end, so they cost max_new_tokens each
             constructions = [replace(t, refinements=[]) for t in group]
             free.update(run_model(p.candidate, p.models[p.candidate], constructions, replace(g, guided=False),
                                   measurer, target, p.seed, progress, p, deadline, loaded=loaded))
+            lap("free")
         if rerank:
             if cost is None:
                 from pipeline import cost_model
 
                 cost = cost_model.for_target(target, progress=progress)[0]
+                lap("cost model")
             constructions = [replace(t, refinements=[]) for t in group]
             results[rerank].update(run_model(rerank, p.models[p.candidate], constructions,
                                              replace(g, attempts=g.attempts * p.rerank_oversample), measurer, target,
                                              p.seed, progress, p, deadline, loaded=loaded, pick=(cost, g.attempts)))
+            lap(rerank)
     return results, free
+
+
+def _spent_line(spent: dict) -> str:
+    """'set-up 12 s, metaschedule 40 s, sft 130 s, ...': where a step's time went."""
+    return ", ".join(f"{k} {v:.0f} s" for k, v in spent.items() if v >= 0.5) or "nothing timed"
 
 
 def rerank_label(p: EvalParams) -> str | None:
@@ -969,6 +990,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
     extra = catalog_specs(p, sp, corpus, measurer.specs, target)
     tasks = make_tasks(p, measurer.specs, target, extra)
+    spent = {"set-up": time.perf_counter() - start}
     if part:
         tasks = tasks[part[0]::part[1]]
     free_on = g.guided and p.free_sampling and bool(labels)
@@ -978,19 +1000,19 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
                                             tune_new=not models_only)
     else:
         results, free = evaluate_tasks(p, tasks, labels, g, measurer, sp, target, trials, free_on, progress, deadline,
-                                       tune_new=not models_only)
+                                       tune_new=not models_only, spent=spent)
     left = missing(tasks, results, free)
     scope = f"part {part[0]}/{part[1]}: " if part else ""
     if left:
         print(f"evaluate: {scope}stopped after {time.perf_counter() - start:.0f} s with work left ("
               + ", ".join(f"{k}: {len(v)} of {len(tasks)} tasks" for k, v in left.items())
               + f"); finished tasks are kept in {p.archive_dir or '(nowhere: set evaluate.archive_dir)'}; "
-              "run it again to continue")
+              f"run it again to continue. Time: {_spent_line(spent)}")
         return {"incomplete": left}
     if part or metaschedule_only or models_only:
         done = "MetaSchedule" if metaschedule_only else "every model"
         print(f"evaluate: {scope}{done} done on its {len(tasks)} tasks in {time.perf_counter() - start:.0f} s "
-              f"(kept in {p.archive_dir}); run `evaluate` over all tasks for the metrics")
+              f"(kept in {p.archive_dir}); run `evaluate` over all tasks for the metrics. Time: {_spent_line(spent)}")
         return {"incomplete": {}, "tasks": [t.key for t in tasks]}
     per_model = {label: model_metrics(results[label], tasks, p.attempts) for label in labels}
     constructions = [replace(t, refinements=[]) for t in tasks]
@@ -1024,6 +1046,7 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     if p.pytorch_baseline:
         metrics["vs_pytorch"] = vs_pytorch(tasks, results[p.candidate], measurer.specs, target, p.seed)
     metrics["seconds"] = round(time.perf_counter() - start, 1)
+    metrics["seconds_by_phase"] = {k: round(v, 1) for k, v in spent.items()}
     plots = _plots(metrics, labels, Path(p.metrics).parent)
     if p.register:
         metrics["registry"] = register_all(p, metrics, labels, plots)
