@@ -99,16 +99,16 @@ class Tuner:
                 for r in best]
 
     def write(self, round_: int) -> tuple[list[str], float]:
+        """This round's scripts: every prompt's attempts in one batched generation (the
+        refinement prompts of a round have the same number of attempts each)."""
         from pipeline.generate import GenerationParams, generate
 
-        scripts, seconds = [], 0.0
-        for k, (prompt, attempts) in enumerate(self.prompts()):
-            g = GenerationParams(attempts=attempts, guided=True)
-            w = generate(self.model, self.tok, [prompt], g, seed=self.seed + 1000 * round_ + k,
-                         kernels=[(self.mod, self.target)])
-            seconds += w.seconds
-            scripts += [s for s, done in zip(w.scripts[0], w.complete[0]) if s and done]
-        return scripts, seconds
+        prompts = self.prompts()
+        g = GenerationParams(attempts=prompts[0][1], guided=True)
+        w = generate(self.model, self.tok, [p for p, _ in prompts], g, seed=self.seed + 1000 * round_,
+                     kernels=[(self.mod, self.target)] * len(prompts))
+        scripts = [s for i in range(len(prompts)) for s, done in zip(w.scripts[i], w.complete[i]) if s and done]
+        return scripts, w.seconds
 
     def measure(self, scripts: list[str], round_: int) -> list[dict]:
         outcomes = self.checker.check_many(self.mod, scripts, self.target_spec, timed=True)

@@ -54,7 +54,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model", checker=checker).run(trials, progress=False)
-        row["model"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve, "measured": r.measured,
+        row["model"] = {"seconds": round(time.perf_counter() - start, 1), "generation_seconds": round(r.generation_seconds, 1),
+                        "curve": r.curve, "measured": r.measured,
                         "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped}
         if oversample > 1:
             start = time.perf_counter()
@@ -62,7 +63,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             pretrained_on = cm.size
             r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model_cost", checker=checker, cost_model=cm,
                       oversample=oversample).run(trials, progress=False)
-            row["model_cost"] = {"seconds": round(time.perf_counter() - start, 1), "curve": r.curve,
+            row["model_cost"] = {"seconds": round(time.perf_counter() - start, 1),
+                                 "generation_seconds": round(r.generation_seconds, 1), "curve": r.curve,
                                  "measured": r.measured, "written": r.written, "correct": r.correct,
                                  "rounds": r.rounds, "stopped": r.stopped, "pretrained_on": pretrained_on,
                                  "trained_on_after_tune": cm.trained_on}
