@@ -215,6 +215,9 @@ def _cost_model_args(p) -> None:
                    help="the model writes this many times the batch and a cost model picks what to measure (1: no cost model)")
     p.add_argument("--cost-data", default=None,
                    help="search work folder the cost model pre-trains on (default: the target's campaign in databases/)")
+    p.add_argument("--no-fill", dest="fill", action="store_false",
+                   help="measure the model's scripts only (default: a round with too few new ones is filled from "
+                        "the design space)")
 
 
 def _tune(args) -> int:
@@ -226,7 +229,7 @@ def _tune(args) -> int:
     try:
         r = tune.tune(args.kernel, _target_arg(args.target), args.trials, model_dir, args.work_dir,
                       batch=args.batch, timeout_s=args.timeout, progress=not args.quiet,
-                      oversample=args.oversample, cost_data=args.cost_data)
+                      oversample=args.oversample, cost_data=args.cost_data, fill=args.fill)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon tune: {err}", file=sys.stderr)
         return 2
@@ -243,7 +246,7 @@ def _tune_model(args) -> int:
     try:
         r = tune_model.tune_model(args.network, _target_arg(args.target), args.trials_per_task, model_dir,
                                   args.work_dir, batch=args.batch, timeout_s=args.timeout, progress=not args.quiet,
-                                  oversample=args.oversample, cost_data=args.cost_data)
+                                  oversample=args.oversample, cost_data=args.cost_data, fill=args.fill)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon tune-model: {err}", file=sys.stderr)
         return 2

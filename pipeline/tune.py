@@ -5,7 +5,11 @@ every script is inside the kernel's design space). Each is checked and timed lik
 script in this project (pipeline.verify: built, run, compared with the reference, timed in
 a worker). Round 2 on (refinement): the best measured scripts go back to the model in
 refinement prompts that carry their measured speedup, and it writes faster ones. Rounds go
-on until N distinct candidates are measured (or the model stops finding new ones).
+on until N distinct candidates are measured. A round in which the model writes fewer new scripts
+than the batch (it repeats itself: a small model on a small design space) is filled from the
+kernel's design space, MetaSchedule's random sampling (pipeline.space.sample_many), so the
+budget is spent; each candidate's source is kept, and `sampled` counts them (`fill=False`:
+the model's scripts only, stopping after a few rounds with nothing new).
 
 With a cost model (pipeline.cost_model: MetaSchedule's XGBoost model, pre-trained on measured
 search databases and updated with every candidate measured here), the model writes
@@ -41,6 +45,7 @@ class TuneResult:
     seconds: float = 0.0
     generation_seconds: float = 0.0
     written: int = 0              # distinct new scripts the model wrote (>= measured with a cost model)
+    sampled: int = 0              # candidates measured from the design space (rounds the model had too few new)
     cost_data: str = ""           # what the cost model was pre-trained on ("" : no cost model)
     stopped: str = ""
 
@@ -59,13 +64,14 @@ class Tuner:
 
     def __init__(self, mod, target_spec, model, tok, work_dir, batch: int = 8, keep: int = 2,
                  timeout_s: float = 60.0, workers: int = 2, seed: int = 0, checker=None,
-                 cost_model=None, oversample: int = 1):
+                 cost_model=None, oversample: int = 1, fill: bool = True):
         from pipeline.describe import describe
         from pipeline.tvm_env import make_target, ms
         from pipeline.verify import Checker
 
         self.mod, self.target_spec, self.target = mod, target_spec, make_target(target_spec)
         self.model, self.tok, self.batch, self.keep, self.seed = model, tok, batch, keep, seed
+        self.fill = fill
         self.work = Path(work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         from pipeline import records
@@ -110,11 +116,32 @@ class Tuner:
         scripts = [s for i in range(len(prompts)) for s, done in zip(w.scripts[i], w.complete[i]) if s and done]
         return scripts, w.seconds
 
-    def measure(self, scripts: list[str], round_: int) -> list[dict]:
+    def from_space(self, n: int, round_: int, exclude: set[str]) -> list[str]:
+        """Up to `n` new scripts from the design space (random decisions, as MetaSchedule's
+        replay samples; with a cost model, its best-predicted of `oversample` times as many)."""
+        from pipeline import codec
+        from pipeline.space import SpaceError, sample_many
+
+        try:
+            schedules = sample_many(self.mod, self.target, n * self.oversample, seed=self.seed + 7919 * round_)
+        except SpaceError:
+            return []
+        out: list[str] = []
+        for sch in schedules:
+            try:
+                text = codec.canonical_script(sch.trace)
+            except codec.DecodeError:
+                continue
+            if text not in self.seen and text not in exclude and text not in out:
+                out.append(text)
+        return self.choose(out, n)
+
+    def measure(self, scripts: list[str], round_: int, sources: list[str] | None = None) -> list[dict]:
+        """Check and time `scripts` in one batch; `sources[i]`: where script i came from."""
         outcomes = self.checker.check_many(self.mod, scripts, self.target_spec, timed=True)
         rows = []
-        for script, o in zip(scripts, outcomes):
-            row = {"script": script, "round": round_, "stage": o.stage, "error": o.error,
+        for script, o, source in zip(scripts, outcomes, sources or ["model"] * len(scripts)):
+            row = {"script": script, "round": round_, "source": source, "stage": o.stage, "error": o.error,
                    "latency_s": o.latency_s if o.correct else None, "baseline_s": o.baseline_s}
             self._commit(script, row["latency_s"])
             files.append_jsonl(self.log_path, row)
@@ -161,8 +188,10 @@ class Tuner:
             new = list(dict.fromkeys(s for s in scripts if s not in self.seen))
             wrote.update(new)
             result.written = len(wrote)
-            fresh = self.choose(new, min(self.batch, trials - len(rows)))
-            if not fresh:
+            want = min(self.batch, trials - len(rows))
+            fresh = self.choose(new, want)
+            extra = self.from_space(want - len(fresh), round_, set(fresh)) if self.fill and len(fresh) < want else []
+            if not fresh and not extra:
                 idle += 1
                 if idle >= max_idle_rounds:
                     result.stopped = f"no new script in {idle} rounds"
@@ -170,8 +199,8 @@ class Tuner:
                 round_ += 1
                 continue
             idle = 0
-            rows += self.measure(fresh, round_)
-            bar.update(len(fresh))
+            rows += self.measure(fresh + extra, round_, ["model"] * len(fresh) + ["design space"] * len(extra))
+            bar.update(len(fresh) + len(extra))
             round_ += 1
         bar.close()
         best = None
@@ -180,6 +209,7 @@ class Tuner:
                 best = r
             result.curve.append(best["latency_s"] if best else None)
         result.measured, result.correct = len(rows), sum(1 for r in rows if r["latency_s"])
+        result.sampled = sum(1 for r in rows if r.get("source") == "design space")
         result.rounds = max((r["round"] for r in rows), default=0)
         if best:
             result.best_latency_s, result.baseline_s, result.best_script = best["latency_s"], best["baseline_s"], best["script"]
@@ -190,7 +220,7 @@ class Tuner:
 
 def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: str, batch: int = 8,
          timeout_s: float = 60.0, progress: bool = True, oversample: int = 1,
-         cost_data: str | None = None) -> TuneResult:
+         cost_data: str | None = None, fill: bool = True) -> TuneResult:
     """`oversample` > 1: a cost model (pipeline.cost_model.for_target: pre-trained on
     `cost_data`, or the target's search campaign kept in git) picks what to measure among
     `oversample` times the batch."""
@@ -208,7 +238,7 @@ def tune(kernel_path: str, target_spec, trials: int, model_dir: str, work_dir: s
     cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
     try:
         tuner = Tuner(mod, target_spec, model, tok, work_dir, batch=batch, timeout_s=timeout_s,
-                      cost_model=cost, oversample=oversample)
+                      cost_model=cost, oversample=oversample, fill=fill)
     except DescribeError as err:
         raise KernelError(f"{kernel_path}: {err}") from None
     result = tuner.run(trials, progress=progress)
@@ -244,5 +274,6 @@ def main_summary(r: TuneResult, work_dir: str) -> str:
     return (f"tune: {r.measured} candidates ({r.correct} correct) in {r.rounds} rounds, {r.seconds:.0f} s; "
             f"best {r.best_latency_s * 1e6:.1f} us ({r.speedup:.2f}x the baseline) -> {work_dir}/best.script, "
             f"MetaSchedule database in {work_dir}" + (f" ({r.stopped})" if r.stopped else "")
+            + (f"; {r.sampled} from the design space (rounds the model wrote too few new)" if r.sampled else "")
             + (f"; {r.written} written, a cost model pre-trained on {r.cost_data} chose what to measure"
                if r.cost_data else ""))

@@ -156,7 +156,7 @@ def end_to_end(mod, target, database, reference=None, seed: int = 0) -> dict:
 
 def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, work_dir: str, batch: int = 8,
                timeout_s: float = 60.0, progress: bool = True, oversample: int = 1,
-               cost_data: str | None = None) -> dict:
+               cost_data: str | None = None, fill: bool = True) -> dict:
     """`oversample` > 1: one cost model for all tasks (as MetaSchedule shares one across a
     network's tasks) picks what each task measures among `oversample` times its batch."""
     from pipeline import models
@@ -182,7 +182,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, wor
         folder = work / "tasks" / f"{i:02d}-{task.task_name}"
         try:
             tuner = Tuner(task.dispatched[0], target_spec, model, tok, folder, batch=batch, checker=checker,
-                          cost_model=cost, oversample=oversample)
+                          cost_model=cost, oversample=oversample, fill=fill)
         except DescribeError as err:
             rows.append({"task": task.task_name, "weight": int(task.weight), "skipped": str(err)})
             continue

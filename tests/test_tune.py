@@ -67,3 +67,26 @@ def test_tune_rejects_a_file_without_a_kernel(tmp_path, capsys):
     (tmp_path / "m").mkdir()
     assert main(["tune", str(kernel), "--model", str(tmp_path / "m")]) == 2
     assert "no PrimFunc" in capsys.readouterr().err
+
+
+def test_a_model_that_repeats_itself_gets_its_rounds_filled_from_the_design_space(tmp_path, monkeypatch, cpu_target):
+    """The budget is spent either way: a round with too few new scripts from the model is
+    filled with design-space samples, each candidate keeping its source; without `fill` the
+    tune stops early, as before."""
+    from pipeline import codec, files
+    from pipeline.optimize import load_kernel
+    from pipeline.space import sample_many
+    from pipeline.tune import Tuner
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text(KERNEL_TE)
+    mod = load_kernel(kernel)
+    only = codec.canonical_script(sample_many(mod, cpu_target, 1, seed=3)[0].trace)
+    monkeypatch.setattr(Tuner, "write", lambda self, round_: ([only], 0.0))    # the same script every round
+    r = Tuner(mod, {"kind": "llvm", "num-cores": 2}, None, None, tmp_path / "filled", batch=4).run(6, progress=False)
+    rows = list(files.read_jsonl(tmp_path / "filled" / "tune.jsonl"))
+    assert r.measured == 6 and len({x["script"] for x in rows}) == 6
+    assert [x["source"] for x in rows].count("model") == 1 and r.sampled == 5
+    bare = Tuner(mod, {"kind": "llvm", "num-cores": 2}, None, None, tmp_path / "bare", batch=4, fill=False)
+    r = bare.run(6, max_idle_rounds=2, progress=False)
+    assert r.measured == 1 and r.sampled == 0 and r.stopped.startswith("no new script")

@@ -56,7 +56,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model", checker=checker).run(trials, progress=False)
         row["model"] = {"seconds": round(time.perf_counter() - start, 1), "generation_seconds": round(r.generation_seconds, 1),
                         "curve": r.curve, "measured": r.measured,
-                        "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped}
+                        "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped,
+                        "sampled": r.sampled}
         if oversample > 1:
             start = time.perf_counter()
             cm = cost()
@@ -66,7 +67,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             row["model_cost"] = {"seconds": round(time.perf_counter() - start, 1),
                                  "generation_seconds": round(r.generation_seconds, 1), "curve": r.curve,
                                  "measured": r.measured, "written": r.written, "correct": r.correct,
-                                 "rounds": r.rounds, "stopped": r.stopped, "pretrained_on": pretrained_on,
+                                 "rounds": r.rounds, "stopped": r.stopped, "sampled": r.sampled,
+                                 "pretrained_on": pretrained_on,
                                  "trained_on_after_tune": cm.trained_on}
         tuned = metaschedule.tune(mod, target, ms_trials, Path(tmp) / "ms", sp, f"bench_{item}")
         row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
