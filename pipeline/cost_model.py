@@ -95,6 +95,14 @@ class CostModel:
             self.xgb._train(xs=xs, ys=np.concatenate(ys))
             self.trained_on = len(xs)
 
+    def copy(self) -> "CostModel":
+        """A fresh model trained on the same data (what `add` gives it next is its own): one
+        pre-training shared by several tunes, as the tune benchmark's tasks share it."""
+        out = CostModel(self.target)
+        out.groups = {k: (list(f), list(c)) for k, (f, c) in self.groups.items()}
+        out.train()
+        return out
+
     # -- ranking --------------------------------------------------------------------------
     def scores(self, mod, scripts: list[str]) -> list[float | None]:
         """Predicted normalised throughput per script (None: it does not apply); random before

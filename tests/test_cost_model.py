@@ -91,6 +91,11 @@ def test_pretraining_reads_a_search_database_leaves_out_exclusions_and_keeps_its
     assert again.size == kept.size == 10
     probe = _scripts(build(SPEC), cpu_target, 5, seed=9)
     assert np.allclose(kept.scores(build(SPEC), probe), again.scores(build(SPEC), probe))
+    # a copy predicts as its original and learns on its own (the tune benchmark's tasks share one pre-training)
+    twin = kept.copy()
+    assert np.allclose(twin.scores(build(SPEC), probe), kept.scores(build(SPEC), probe))
+    twin.add(build(SPEC), probe[:2], [1e-3, None])
+    assert twin.size == 12 and kept.size == 10
     everything = pretrained(cpu_target, tmp_path / "search", set(), cache_dir=tmp_path / "cache")
     assert everything.size == 20           # other exclusions: not the kept features
 

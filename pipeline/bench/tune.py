@@ -61,7 +61,7 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         if oversample > 1:
             start = time.perf_counter()
             cm = cost()
-            load_s = time.perf_counter() - start     # pre-training (the campaign's cached features), not the tune
+            load_s = time.perf_counter() - start     # pre-training (first task) or its copy, not the tune
             start = time.perf_counter()
             pretrained_on = cm.size
             r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model_cost", checker=checker, cost_model=cm,
@@ -181,10 +181,14 @@ def main() -> None:
     checker = Checker(timeout_s=120, workers=args.checker_workers)
     from pipeline import cost_model
 
+    pretrained = []       # pre-trained once; each task's tune gets its own copy
+
     def cost():
         if args.cost_data == "none":
             return cost_model.CostModel(raw["search"]["target"])
-        return cost_model.for_target(raw["search"]["target"], args.cost_data)[0]
+        if not pretrained:
+            pretrained.append(cost_model.for_target(raw["search"]["target"], args.cost_data)[0])
+        return pretrained[0].copy()
 
     rows = []
     for item in args.tasks:
