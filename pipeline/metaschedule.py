@@ -45,13 +45,15 @@ def finished(work_dir: Path, target, trials: int, sp, group: int = 1) -> dict | 
     return summary
 
 
-def tune(mod, target, trials: int, work_dir: Path, sp, name: str, strategy=None, reuse: bool = False) -> Tuned:
+def tune(mod, target, trials: int, work_dir: Path, sp, name: str, strategy=None, reuse: bool = False,
+         cost_model=None) -> Tuned:
     """sp: the search stage's SearchParams (population, timeouts, trials per iteration);
-    `strategy`: another search strategy (e.g. pipeline.model_strategy.ModelFirst); `reuse`: a
+    `strategy`: another search strategy (e.g. pipeline.model_strategy.ModelFirst); `cost_model`:
+    MetaSchedule's cost model object (default: its own, untrained); `reuse`: a
     run that finished in `work_dir` with the same settings is read back, not repeated (an
     evaluation split into steps on a lent GPU; its wall time is the one recorded then)."""
     work_dir = Path(work_dir)
-    done = finished(work_dir, target, trials, sp) if reuse and strategy is None else None
+    done = finished(work_dir, target, trials, sp) if reuse and strategy is None and cost_model is None else None
     if done is not None:
         return _read(mod, work_dir, done["seconds"])
     if work_dir.exists():

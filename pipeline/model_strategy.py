@@ -46,17 +46,29 @@ class ModelFirst(ms.search_strategy.PySearchStrategy):
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
         self.first, self.limit = True, min(max_trials, num_trials_per_iter, self.batch)
-        self.evolve.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+        # the evolutionary search starts after the model's batch, with what is left of the
+        # budget (given all of it, it measured a full round past the budget: 24 for 16)
+        self._pending = (max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+        self._written = 0
+
+    def _start_evolve(self) -> None:
+        if self._pending is not None:
+            max_trials, per_iter, spaces, database, cost_model = self._pending
+            self._pending = None
+            self.evolve.pre_tuning(max(0, max_trials - self._written), per_iter, spaces, database, cost_model)
 
     def post_tuning(self) -> None:
-        self.evolve.post_tuning()
+        if self._pending is None:
+            self.evolve.post_tuning()
 
     def generate_measure_candidates(self):
         if self.first:
             candidates = self._from_model()
             if candidates:
+                self._written = len(candidates)
                 return candidates
             self.first = False
+        self._start_evolve()
         return self.evolve.generate_measure_candidates()
 
     def notify_runner_results(self, measure_candidates, results) -> None:

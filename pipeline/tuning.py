@@ -250,11 +250,14 @@ def make_runner(sp):
 
 
 def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
-         callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None, search_strategy=None) -> Phases:
+         callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None, search_strategy=None,
+         cost_model=None) -> Phases:
     """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
     the project's design space, round-robin over the tasks) into a JSONDatabase in `work_dir`.
     `pool`: a PoolBuilder the caller keeps across calls (its workers then start once per
-    campaign, not once per call). Returns where the time went."""
+    campaign, not once per call). `cost_model`: MetaSchedule's cost model object for the run
+    (default its XGBModel, untrained: e.g. pipeline.cost_model.CostModel.as_metaschedule() for
+    one pre-trained on a search campaign). Returns where the time went."""
     from pipeline.space import generator
 
     phases = Phases()
@@ -284,7 +287,7 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
             num_trials_per_iter=trials_per_iter, builder=builder, runner=runner,
             database=ms.database.JSONDatabase(work_dir=str(work_dir)),
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), *callbacks],
-            task_scheduler="round-robin",
+            task_scheduler="round-robin", **({"cost_model": cost_model} if cost_model is not None else {}),
         )
     finally:
         phases.seconds = time.perf_counter() - start

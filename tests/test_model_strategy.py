@@ -14,7 +14,9 @@ def test_tune_tir_takes_the_model_as_its_strategy(tmp_path, cpu_target):
     tiny_model(tmp_path / "model", cpu_target, steps=60)
     mod = build(SPEC)
     strategy = ModelFirst(str(tmp_path / "model"), batch=4, population_size=16, genetic_num_iters=1)
-    db = ms.tune_tir(mod, cpu_target, str(tmp_path / "ms"), max_trials_global=8, num_trials_per_iter=4,
+    # rounds of 8: the model's batch of 4, then MetaSchedule's evolutionary search with what is
+    # left of the budget (it was given all of it and measured a whole round more: 12 for 8)
+    db = ms.tune_tir(mod, cpu_target, str(tmp_path / "ms"), max_trials_global=8, num_trials_per_iter=8,
                      strategy=strategy,   # workers with the project's import fix: seconds, not a minute, per round
                      builder=ms.builder.LocalBuilder(max_workers=1, initializer=worker_init),
                      runner=ms.runner.LocalRunner(initializer=worker_init))
