@@ -103,6 +103,26 @@ class CostModel:
         out.train()
         return out
 
+    def as_metaschedule(self):
+        """This model as MetaSchedule's own cost model object, for `ms.tune_tir` / the Relax
+        tuning entry points / `tune_tasks` (`cost_model=`): an XGBModel that holds every
+        candidate this one was trained on, grouped by workload, and is trained already, so the
+        evolutionary search ranks its population by it from the first round (MetaSchedule's own
+        starts empty and picks at random until it has measured). It goes on learning from the
+        run's measurements, retraining each round on all of it. A fresh object each call."""
+        from collections import OrderedDict
+
+        from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
+        out = ms.cost_model.XGBModel(num_warmup_samples=0, adaptive_training=False, verbose_eval=10**9)
+        out.data = OrderedDict((k, FeatureGroup(k, list(f), np.array(c, dtype="float32")))
+                               for k, (f, c) in self.groups.items() if f)
+        out.data_size = sum(len(g.features) for g in out.data.values())
+        if out.data_size:
+            xs = [x for g in out.data.values() for x in g.features]
+            out._train(xs=xs, ys=np.concatenate([g.min_cost / g.costs for g in out.data.values()]))
+        return out
+
     # -- ranking --------------------------------------------------------------------------
     def scores(self, mod, scripts: list[str]) -> list[float | None]:
         """Predicted normalised throughput per script (None: it does not apply); random before

@@ -116,3 +116,31 @@ def test_tuner_with_a_cost_model_writes_more_than_it_measures(tmp_path, cpu_targ
     assert cost.size == 4                             # and learned from every measurement
     with pytest.raises(ValueError, match="oversample"):
         Tuner(build(SPEC), {"kind": "llvm", "num-cores": 2}, model, tok, tmp_path / "t2", cost_model=cost, oversample=0)
+
+
+def test_as_metaschedule_is_a_pretrained_xgbmodel_that_tune_tir_takes(tmp_path, cpu_target):
+    from pipeline.tvm_env import Schedule, worker_init
+
+    other = Spec("matmul", (8, 32, 48), "float32")
+    _database(tmp_path / "search", cpu_target, [SPEC, other], 10)
+    model = CostModel(cpu_target)
+    model.pretrain(tmp_path / "search")
+    xgb = model.as_metaschedule()
+    assert xgb.data_size == 20 and len(xgb.data) == 2 and xgb.booster is not None
+    # it ranks as the project's model does (same data, same objective) from its first call
+    mod = build(SPEC)
+    probe = _scripts(mod, cpu_target, 6, seed=9)
+    cands = []
+    for text in probe:
+        sch = Schedule(mod, debug_mask=0)
+        codec.decode(mod, text, cpu_target).apply_to_schedule(sch, remove_postproc=False)
+        cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    assert np.allclose(xgb.predict(context(cpu_target, mod), cands), model.scores(mod, probe), atol=1e-5)
+    # MetaSchedule's own search takes it and adds the run's measurements to the pre-training
+    ms.tune_tir(build(Spec("matmul", (16, 16, 24), "float32")), cpu_target, str(tmp_path / "ms"),
+                max_trials_global=4, num_trials_per_iter=4, cost_model=xgb,
+                strategy=ms.search_strategy.EvolutionarySearch(population_size=16, genetic_num_iters=1),
+                builder=ms.builder.LocalBuilder(max_workers=1, initializer=worker_init),
+                runner=ms.runner.LocalRunner(initializer=worker_init))
+    assert xgb.data_size == 24 and len(xgb.data) == 3
+    assert model.as_metaschedule().data_size == 20       # a fresh object each call

@@ -3,12 +3,15 @@ search at equal measured candidates, on TVM's te_workload kernels, in one run.
 
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
         [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--checker-workers 2] \
-        [--out reports/bench_tune_cpu.json]
+        [--variants model model_cost model_first model_first_cost ms_cost] [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
 MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round); and the model inside
 MetaSchedule (pipeline.model_strategy.ModelFirst) tunes `--trials`: half written by the model,
-the rest evolved by MetaSchedule from them; with `--oversample K` (default 4), the model with a
+the rest evolved by MetaSchedule from them, ranked by its own cost model (which starts empty:
+`model_first`) or by the pre-trained one (`model_first_cost`, through
+`CostModel.as_metaschedule`); MetaSchedule's search alone with the pre-trained cost model
+(`ms_cost`, the ablation: what the cost model brings without the language model); with `--oversample K` (default 4), the model with a
 cost model (pipeline.cost_model, pre-trained on the target's search campaign unless `--cost-data`
 says otherwise) choosing what to measure among K times each batch. Every candidate of each is
 timed by the same checker (pipeline.verify), so the comparison never mixes two timers:
@@ -26,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 TASKS = ["GMM:0", "SFM:0", "NRM:0", "C1D:0", "C2D:0", "DEP:0", "T2D:0", "GRP:0"]
 
 
@@ -38,48 +43,89 @@ def _best_curve(latencies: list[float | None]) -> list[float | None]:
     return out
 
 
+VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost")
+
+
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
-             oversample: int = 1, cost=None) -> dict:
-    """`oversample` > 1: also the model with a cost model choosing what to measure among
-    `oversample` times the batch (`cost()` makes a fresh one: pre-trained or empty)."""
+             oversample: int = 1, cost=None, variants=VARIANTS) -> dict:
+    """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
+    `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
+    use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
+    each batch and the cost model chooses what to measure)."""
     from pipeline import metaschedule
-    from pipeline.model_strategy import ModelFirst
     from pipeline.stages.evaluate import te_module
-    from pipeline.tune import Tuner
     from pipeline.tvm_env import make_target
 
     target = make_target(target_spec)
     mod = te_module(item)
     row = {"task": item}
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model", checker=checker).run(trials, progress=False)
-        row["model"] = {"seconds": round(time.perf_counter() - start, 1), "generation_seconds": round(r.generation_seconds, 1),
-                        "curve": r.curve, "measured": r.measured,
-                        "correct": r.correct, "rounds": r.rounds, "baseline_s": r.baseline_s, "stopped": r.stopped,
-                        "sampled": r.sampled}
-        if oversample > 1:
-            start = time.perf_counter()
-            cm = cost()
-            load_s = time.perf_counter() - start     # pre-training (first task) or its copy, not the tune
-            start = time.perf_counter()
-            pretrained_on = cm.size
-            r = Tuner(mod, target_spec, model, tok, Path(tmp) / "model_cost", checker=checker, cost_model=cm,
-                      oversample=oversample).run(trials, progress=False)
-            row["model_cost"] = {"seconds": round(time.perf_counter() - start, 1),
-                                 "generation_seconds": round(r.generation_seconds, 1), "curve": r.curve,
-                                 "measured": r.measured, "written": r.written, "correct": r.correct,
-                                 "rounds": r.rounds, "stopped": r.stopped, "sampled": r.sampled,
-                                 "pretrained_on": pretrained_on, "cost_model_load_seconds": round(load_s, 1),
-                                 "trained_on_after_tune": cm.trained_on}
-        tuned = metaschedule.tune(mod, target, ms_trials, Path(tmp) / "ms", sp, f"bench_{item}")
+        tmp = Path(tmp)
+        if "model" in variants:
+            row["model"] = _tune(mod, target_spec, model, tok, tmp / "model", checker, trials)
+        if "model_cost" in variants and oversample > 1:
+            row["model_cost"] = _tune(mod, target_spec, model, tok, tmp / "model_cost", checker, trials, cost, oversample)
+        tuned = metaschedule.tune(mod, target, ms_trials, tmp / "ms", sp, f"bench_{item}")
         row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
-        # the model inside MetaSchedule: its first batch written by the model, the rest evolved
-        hybrid = ModelFirst((model, tok), batch=max(1, trials // 2), population_size=sp.population_size,
-                            genetic_num_iters=sp.genetic_num_iters)
-        tuned = metaschedule.tune(mod, target, trials, Path(tmp) / "hybrid", sp, f"bench_{item}_hybrid", strategy=hybrid)
-        row["model_first"] = {**_retimed(tuned, mod, target_spec, checker), "from_model": len(hybrid.proposed)}
+        # the model inside MetaSchedule: its first batch written by the model, the rest evolved by
+        # MetaSchedule's own cost model (which starts empty) or, with `_cost`, the pre-trained one
+        for key, pre in (("model_first", None), ("model_first_cost", cost)):
+            if key in variants:
+                row[key] = _inside(mod, target, target_spec, trials, sp, checker, tmp / key, f"bench_{item}_{key}",
+                                   (model, tok), pre)
+        if "ms_cost" in variants:
+            # ablation: MetaSchedule's evolutionary search alone with the pre-trained cost model (no
+            # language model): what the cost model brings without the model's scripts
+            row["ms_cost"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_cost",
+                                     f"bench_{item}_ms_cost", None, cost)
     return row
+
+
+def _tune(mod, target_spec, model, tok, work, checker, trials: int, cost=None, oversample: int = 1) -> dict:
+    """`little-dragon tune`: the model's scripts, refined round after round (with `cost`, a cost
+    model choosing among `oversample` times each batch)."""
+    from pipeline.tune import Tuner
+
+    start = time.perf_counter()
+    cm = cost() if cost else None
+    load_s = time.perf_counter() - start     # pre-training (first task) or its copy, not the tune
+    pretrained_on = cm.size if cm else None
+    start = time.perf_counter()
+    r = Tuner(mod, target_spec, model, tok, work, checker=checker, cost_model=cm,
+              oversample=oversample).run(trials, progress=False)
+    out = {"seconds": round(time.perf_counter() - start, 1), "generation_seconds": round(r.generation_seconds, 1),
+           "curve": r.curve, "measured": r.measured, "written": r.written, "correct": r.correct, "rounds": r.rounds,
+           "baseline_s": r.baseline_s, "stopped": r.stopped, "sampled": r.sampled}
+    if cm:
+        out.update(pretrained_on=pretrained_on, cost_model_load_seconds=round(load_s, 1),
+                   trained_on_after_tune=cm.trained_on)
+    return out
+
+
+def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost) -> dict:
+    """MetaSchedule's own tuning at `trials`: with `model` (a loaded pair), ModelFirst (the
+    model's batch, then the evolutionary search); without, the evolutionary search alone. With
+    `cost`, the search ranks by the pre-trained cost model (`CostModel.as_metaschedule`)."""
+    from pipeline import metaschedule
+    from pipeline.model_strategy import ModelFirst
+    from pipeline.tvm_env import ms
+
+    start = time.perf_counter()
+    xgb = cost().as_metaschedule() if cost else None
+    load_s = time.perf_counter() - start
+    if model is not None:
+        strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,
+                              genetic_num_iters=sp.genetic_num_iters)
+    else:
+        strategy = ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
+                                                         genetic_num_iters=sp.genetic_num_iters)
+    tuned = metaschedule.tune(mod, target, trials, work, sp, name, strategy=strategy, cost_model=xgb)
+    out = _retimed(tuned, mod, target_spec, checker)
+    if model is not None:
+        out["from_model"] = len(strategy.proposed)
+    if cost:
+        out["cost_model_load_seconds"] = round(load_s, 1)
+    return out
 
 
 def _retimed(tuned, mod, target_spec, checker) -> dict:
@@ -92,34 +138,54 @@ def _retimed(tuned, mod, target_spec, checker) -> dict:
             "curve": _best_curve(lat), "measured": len(lat), "correct": sum(x is not None for x in lat)}
 
 
+LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "metaschedule": "MetaSchedule",
+          "model_first": "model first, then MetaSchedule",
+          "model_first_cost": "model first, then MetaSchedule with the pre-trained cost model",
+          "ms_cost": "MetaSchedule with the pre-trained cost model"}
+
+
 def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
+    """Per variant: on how many tasks its best after `trials` is <= MetaSchedule's after
+    `ms_trials`, and the geomean of that ratio (a task where either has no correct kernel
+    counts as a miss and stays out of the geomean)."""
     def at(curve, k):
         return curve[min(k, len(curve)) - 1] if curve else None
 
-    per, wins, reach, hybrid_wins, cost_wins = [], 0, [], 0, 0
+    per, wins, ratios, ran = [], {}, {}, {}
     for row in rows:
-        m, s = row["model"]["curve"], row["metaschedule"]["curve"]
+        s = row["metaschedule"]["curve"]
         ms_full = at(s, ms_trials)
-        model_n = at(m, trials)
-        win = model_n is not None and ms_full is not None and model_n <= ms_full
-        wins += win
-        hybrid_n = at(row["model_first"]["curve"], trials) if "model_first" in row else None
-        hybrid_wins += hybrid_n is not None and ms_full is not None and hybrid_n <= ms_full
-        cost_n = at(row["model_cost"]["curve"], trials) if "model_cost" in row else None
-        cost_wins += cost_n is not None and ms_full is not None and cost_n <= ms_full
-        need = next((i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
-        reach.append(need)
-        per.append({"task": row["task"], f"model@{trials}": model_n, f"ms@{trials}": at(s, trials),
-                    f"ms@{ms_trials}": ms_full, "model_le_ms_full": win, "model_trials_to_ms_full": need,
-                    f"model_first@{trials}": hybrid_n, f"model_cost@{trials}": cost_n,
-                    "ratio_model_cost_to_ms_full": (cost_n / ms_full) if cost_n and ms_full else None,
-                    "model_seconds": row["model"]["seconds"], "ms_seconds": row["metaschedule"]["seconds"],
-                    "ratio_model_to_ms_full": (model_n / ms_full) if model_n and ms_full else None})
-    return {"tasks": len(rows), "trials": trials, "ms_trials": ms_trials,
-            f"model@{trials}_le_ms@{ms_trials}": wins, "fraction": wins / len(rows) if rows else None,
-            f"model_first@{trials}_le_ms@{ms_trials}": hybrid_wins,
-            f"model_cost@{trials}_le_ms@{ms_trials}": cost_wins,
-            "target_fraction": 0.7, "per_task": per}
+        task = {"task": row["task"], f"ms@{trials}": at(s, trials), f"ms@{ms_trials}": ms_full,
+                "ms_seconds": row["metaschedule"]["seconds"]}
+        for key in VARIANTS:
+            if key not in row:
+                continue
+            best = at(row[key]["curve"], trials)
+            ok = best is not None and ms_full is not None
+            wins[key] = wins.get(key, 0) + (ok and best <= ms_full)
+            ran[key] = ran.get(key, 0) + 1
+            if ok:
+                ratios.setdefault(key, []).append(best / ms_full)
+            task.update({f"{key}@{trials}": best, f"ratio_{key}_to_ms_full": best / ms_full if ok else None,
+                         f"{key}_seconds": row[key]["seconds"]})
+        if "model" in row:
+            m = row["model"]["curve"]
+            task["model_le_ms_full"] = task.get(f"ratio_model_to_ms_full") is not None and task["ratio_model_to_ms_full"] <= 1
+            task["model_trials_to_ms_full"] = next(
+                (i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
+        per.append(task)
+    out = {"tasks": len(rows), "trials": trials, "ms_trials": ms_trials, "target_fraction": 0.7}
+    for key, n in wins.items():
+        out[f"{key}@{trials}_le_ms@{ms_trials}"] = n
+        out[f"{key}_tasks"] = ran[key]           # the tasks it ran on (a run may leave a variant out)
+        out[f"{key}_geomean_ratio_to_ms@{ms_trials}"] = (
+            float(np.exp(np.mean(np.log(ratios[key])))) if ratios.get(key) else None)
+    if "model" in wins:
+        out["fraction"] = wins["model"] / len(rows) if rows else None
+    ms_ratio = [t[f"ms@{trials}"] / t[f"ms@{ms_trials}"] for t in per if t[f"ms@{trials}"] and t[f"ms@{ms_trials}"]]
+    out[f"ms@{trials}_geomean_ratio_to_ms@{ms_trials}"] = float(np.exp(np.mean(np.log(ms_ratio)))) if ms_ratio else None
+    out["per_task"] = per
+    return out
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -132,8 +198,7 @@ def plot(rows: list[dict], path: str) -> None:
     cols = min(4, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4 * cols, 3 * ((n + cols - 1) // cols)), squeeze=False)
     for ax, row in zip(axes.flat, rows):
-        for key, label in (("model", "model (tune)"), ("model_cost", "model + cost model (tune)"),
-                           ("metaschedule", "MetaSchedule"), ("model_first", "model first, then MetaSchedule")):
+        for key, label in LABELS.items():
             if key not in row:
                 continue
             curve = row[key]["curve"]
@@ -162,6 +227,8 @@ def main() -> None:
                     help="also tune with a cost model choosing among this many times the batch (1: not)")
     ap.add_argument("--checker-workers", type=int, default=2,
                     help="processes building the checked scripts (the machine's cores less two; 14 on one H200)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                    help="what runs beside MetaSchedule@--ms-trials (default: all)")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
@@ -177,7 +244,8 @@ def main() -> None:
     # its cost model learns over the 64: the strongest MetaSchedule this budget allows
     sp = dataclasses.replace(P.from_dict(SearchParams, raw["search"], "search"), population_size=512,
                              genetic_num_iters=4, trials_per_iter=16)
-    model, tok = models.load(args.model)
+    needs_model = set(args.variants) & {"model", "model_cost", "model_first", "model_first_cost"}
+    model, tok = models.load(args.model) if needs_model else (None, None)
     checker = Checker(timeout_s=120, workers=args.checker_workers)
     from pipeline import cost_model
 
@@ -193,16 +261,16 @@ def main() -> None:
     rows = []
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
-                             args.oversample, cost))
+                             args.oversample, cost, args.variants))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model, "target": raw["search"]["target"], **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))
     s = summarize(rows, args.trials, args.ms_trials)
-    print(f"model@{args.trials} <= MetaSchedule@{args.ms_trials} on {s[f'model@{args.trials}_le_ms@{args.ms_trials}']}"
-          f"/{s['tasks']} tasks; ModelFirst@{args.trials}: {s[f'model_first@{args.trials}_le_ms@{args.ms_trials}']}"
-          f"/{s['tasks']}; model + cost model: {s[f'model_cost@{args.trials}_le_ms@{args.ms_trials}']}"
-          f"/{s['tasks']} -> {args.out}")
+    line = "; ".join(f"{LABELS[k]}@{args.trials}: {s[f'{k}@{args.trials}_le_ms@{args.ms_trials}']}/{s[f'{k}_tasks']}"
+                     f" (geomean {s[f'{k}_geomean_ratio_to_ms@{args.ms_trials}'] or float('nan'):.2f})"
+                     for k in VARIANTS if f"{k}@{args.trials}_le_ms@{args.ms_trials}" in s)
+    print(f"<= MetaSchedule@{args.ms_trials}: {line} -> {args.out}")
 
 
 if __name__ == "__main__":
