@@ -263,7 +263,7 @@ def main() -> None:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
                              args.oversample, cost, args.variants))
         summary = summarize(rows, args.trials, args.ms_trials)
-        files.write_json(args.out, {"model": args.model, "target": raw["search"]["target"], **summary, "rows": rows})
+        files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"], **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))
     s = summarize(rows, args.trials, args.ms_trials)
