@@ -37,6 +37,7 @@ class ModelFirst(ms.search_strategy.PySearchStrategy):
                                                             genetic_num_iters=genetic_num_iters)
         self.context = None
         self.first = True
+        self._pending, self._written = None, 0
         self.proposed: list[str] = proposed if proposed is not None else []
         self._seen: set[str] = set()
 

@@ -170,7 +170,7 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
                          f"{key}_seconds": row[key]["seconds"]})
         if "model" in row:
             m = row["model"]["curve"]
-            task["model_le_ms_full"] = task.get(f"ratio_model_to_ms_full") is not None and task["ratio_model_to_ms_full"] <= 1
+            task["model_le_ms_full"] = task.get("ratio_model_to_ms_full") is not None and task["ratio_model_to_ms_full"] <= 1
             task["model_trials_to_ms_full"] = next(
                 (i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
         per.append(task)
