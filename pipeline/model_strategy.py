@@ -8,6 +8,14 @@ Existing MetaSchedule code gets it with one argument:
     ms.tune_tir(mod, target, work_dir, max_trials_global=64, strategy=ModelFirst("models/champion"))
     ms.relax_integration.tune_relax(mod, params, target, work_dir, 256, strategy=ModelFirst(...))
 
+The project's cost model, pre-trained on the target's search campaign kept in git, goes in the
+same way, with or without the model (one more argument; `ms_cost` / `model_first_cost` in
+pipeline.bench.tune):
+
+    from pipeline import cost_model
+    xgb = cost_model.for_target(target)[0].as_metaschedule()
+    ms.tune_tir(mod, target, work_dir, max_trials_global=16, cost_model=xgb)
+
 The model writes with guided decoding (every script inside the task's design space, so it
 decodes, applies and is postprocessed); a script TVM still refuses is dropped, never sent to
 the builder. If the model writes nothing usable for a task, its first batch comes from the
