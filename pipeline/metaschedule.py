@@ -62,7 +62,7 @@ def tune(mod, target, trials: int, work_dir: Path, sp, name: str, strategy=None,
     work_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     tuning.tune(sp, target, [(name, mod)], work_dir, trials, min(sp.trials_per_iter, trials), logger="evaluate",
-                search_strategy=strategy)
+                search_strategy=strategy, cost_model=cost_model)
     seconds = time.perf_counter() - start
     tuned = _read(mod, work_dir, seconds)
     summary = {"seconds": seconds, "trials": tuned.trials, "settings": settings(target, trials, sp)}

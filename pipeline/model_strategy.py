@@ -10,7 +10,8 @@ Existing MetaSchedule code gets it with one argument:
 
 The project's cost model, pre-trained on the target's search campaign kept in git, goes in the
 same way, with or without the model (one more argument; `ms_cost` / `model_first_cost` in
-pipeline.bench.tune):
+pipeline.bench.tune; note that TVM's `tune_tir` sets up its loggers from the names of the handlers
+on the `tvm.s_tir.meta_schedule` logger and fails on an unnamed one, as pytest's capture adds):
 
     from pipeline import cost_model
     xgb = cost_model.for_target(target)[0].as_metaschedule()
