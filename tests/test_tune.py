@@ -90,3 +90,24 @@ def test_a_model_that_repeats_itself_gets_its_rounds_filled_from_the_design_spac
     bare = Tuner(mod, {"kind": "llvm", "num-cores": 2}, None, None, tmp_path / "bare", batch=4, fill=False)
     r = bare.run(6, max_idle_rounds=2, progress=False)
     assert r.measured == 1 and r.sampled == 0 and r.stopped.startswith("no new script")
+
+
+def test_bench_summary_counts_each_variant_only_where_it_ran_and_misses_stay_out_of_its_geomean():
+    from pipeline.bench.tune import summarize
+
+    def run(*curve):
+        return {"curve": list(curve), "seconds": 1.0}
+
+    rows = [  # task a: the model beats MetaSchedule@4 at 2 trials; ms_cost finds nothing correct
+        {"task": "a", "metaschedule": run(8.0, 6.0, 5.0, 4.0), "model": run(5.0, 2.0), "ms_cost": run(None, None)},
+        # task b: the model is 2x slower than MetaSchedule@4 and never reaches it; ms_cost left out
+        {"task": "b", "metaschedule": run(2.0, 2.0, 1.0, 1.0), "model": run(3.0, 2.0)},
+    ]
+    s = summarize(rows, trials=2, ms_trials=4)
+    assert s["model@2_le_ms@4"] == 1 and s["model_tasks"] == 2 and s["fraction"] == 0.5
+    assert s["model_geomean_ratio_to_ms@4"] == pytest.approx((0.5 * 2.0) ** 0.5)
+    assert s["ms_cost@2_le_ms@4"] == 0 and s["ms_cost_tasks"] == 1 and s["ms_cost_geomean_ratio_to_ms@4"] is None
+    assert s["ms@2_geomean_ratio_to_ms@4"] == pytest.approx((1.5 * 2.0) ** 0.5)
+    a, b = s["per_task"]
+    assert a["model_le_ms_full"] and a["model_trials_to_ms_full"] == 2 and not a["ms_cost_le_ms_full"]
+    assert not b["model_le_ms_full"] and b["model_trials_to_ms_full"] is None and "ms_cost@2" not in b
