@@ -111,3 +111,13 @@ def test_bench_summary_counts_each_variant_only_where_it_ran_and_misses_stay_out
     a, b = s["per_task"]
     assert a["model_le_ms_full"] and a["model_trials_to_ms_full"] == 2 and not a["ms_cost_le_ms_full"]
     assert not b["model_le_ms_full"] and b["model_trials_to_ms_full"] is None and "ms_cost@2" not in b
+
+
+def test_bench_summary_of_several_runs_counts_tasks_once_and_the_fraction_over_the_runs_with_the_model():
+    from pipeline.bench.tune import summarize
+
+    ms = {"curve": [2.0, 1.0], "seconds": 1.0}
+    rows = [{"task": "a", "session": 1, "metaschedule": ms, "model": {"curve": [1.0], "seconds": 1.0}},
+            {"task": "a", "session": 2, "metaschedule": ms, "ms_cost": {"curve": [3.0], "seconds": 1.0}}]
+    s = summarize(rows, trials=1, ms_trials=2)
+    assert s["tasks"] == 1 and s["runs"] == 2 and s["model_tasks"] == 1 and s["fraction"] == 1.0

@@ -174,13 +174,15 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
             task["model_trials_to_ms_full"] = next(
                 (i + 1 for i, x in enumerate(m) if x is not None and ms_full is not None and x <= ms_full), None)
         per.append(task)
-    out = {"tasks": len(rows), "trials": trials, "ms_trials": ms_trials, "target_fraction": 0.7}
+    # rows of several runs (sessions) may repeat a task: each is compared with its own run's MetaSchedule
+    out = {"tasks": len({row["task"] for row in rows}), "runs": len(rows), "trials": trials, "ms_trials": ms_trials,
+           "target_fraction": 0.7}
     for key, n in wins.items():
         out[f"{key}@{trials}_le_ms@{ms_trials}"] = n
         out[f"{key}_tasks"] = ran[key]           # the tasks it ran on (a run may leave a variant out)
         out[f"{key}_geomean_ratio_to_ms@{ms_trials}"] = geomean(ratios.get(key, []))
     if "model" in wins:
-        out["fraction"] = wins["model"] / len(rows) if rows else None
+        out["fraction"] = wins["model"] / ran["model"]
     ms_ratio = [t[f"ms@{trials}"] / t[f"ms@{ms_trials}"] for t in per if t[f"ms@{trials}"] and t[f"ms@{ms_trials}"]]
     out[f"ms@{trials}_geomean_ratio_to_ms@{ms_trials}"] = geomean(ms_ratio)
     out["per_task"] = per
@@ -197,20 +199,25 @@ def plot(rows: list[dict], path: str) -> None:
     cols = min(4, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4 * cols, 3 * ((n + cols - 1) // cols)), squeeze=False)
     for ax, row in zip(axes.flat, rows):
-        for key, label in LABELS.items():
+        for color, (key, label) in enumerate(LABELS.items()):      # a variant keeps its colour in every panel
             if key not in row:
                 continue
             curve = row[key]["curve"]
             xs = [i + 1 for i, y in enumerate(curve) if y is not None]
-            ax.plot(xs, [curve[i - 1] * 1e6 for i in xs], label=label)
-        ax.set_title(row["task"])
+            ax.plot(xs, [curve[i - 1] * 1e6 for i in xs], label=label, color=f"C{color}")
+        ax.set_title(row["task"] + (f" (session {row['session']})" if "session" in row else ""))
         ax.set_xlabel("measured candidates")
         ax.set_ylabel("best latency (us)")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    axes.flat[0].legend()
-    fig.tight_layout()
+    labels = {}                      # one legend for every variant drawn, whichever panel has it
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(label, handle)
+    fig.legend(labels.values(), labels.keys(), loc="lower center", ncol=min(3, len(labels)), fontsize="small")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
 
 
