@@ -140,15 +140,18 @@ class CostModel:
             out[i] = float(p)
         return out
 
-    def pick(self, mod, scripts: list[str], n: int, epsilon: float = 0.05) -> list[str]:
+    def pick(self, mod, scripts: list[str], n: int, epsilon: float = 0.05, rest: bool = False) -> list[str]:
         """The `n` best-predicted scripts, a share `epsilon` of them drawn at random from the
-        rest (MetaSchedule's eps-greedy, so a wrong model still sees something new)."""
+        rest (MetaSchedule's eps-greedy, so a wrong model still sees something new). With
+        `rest`, the other scripts follow them, best-predicted first: the stand-ins for a chosen
+        one that a later check drops."""
         scores = self.scores(mod, scripts)
         ranked = sorted((i for i, s in enumerate(scores) if s is not None), key=lambda i: -scores[i])
         n_random = min(int(round(n * epsilon)), max(0, len(ranked) - n))
         chosen = ranked[: n - n_random]
-        rest = ranked[n - n_random:]
-        chosen += self.rng.sample(rest, n_random)
+        chosen += self.rng.sample(ranked[n - n_random:], n_random)
+        if rest:
+            chosen += [i for i in ranked if i not in chosen]
         return [scripts[i] for i in chosen]
 
     # -- kept features --------------------------------------------------------------------

@@ -58,7 +58,7 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
     rerank = E.rerank_label(p)
     if rerank and p.candidate in digests:
         expect[rerank] = {"model": digests[p.candidate], "generation": {**gen, "attempts": g.attempts * p.rerank_oversample},
-                          "pick": g.attempts}
+                          "pick": g.attempts, **({"compile_check": True} if p.rerank_compile_check else {})}
     names = _task_names(p, archive)
     tasks, results, free_results = [], {label: {} for label in expect}, {}
     for name, key in names.items():
@@ -77,7 +77,8 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
         for label, want in expect.items():
             for field_name, entry in kept.items():
                 if (field_name.startswith(f"model:{label}:guided:") and entry["key"]["model"] == want["model"]
-                        and entry["key"]["generation"] == want["generation"] and entry["key"].get("pick") == want.get("pick")):
+                        and entry["key"]["generation"] == want["generation"] and entry["key"].get("pick") == want.get("pick")
+                        and entry["key"].get("compile_check") == want.get("compile_check")):
                     results[label][key] = E._result_from_json(entry["result"])
         free = kept.get(f"model:{p.candidate}:free:no-refinements")
         if (free and p.candidate in digests and free["key"]["model"] == digests[p.candidate]
@@ -106,6 +107,8 @@ def report(params_path: str) -> dict:
     for label in labels:
         done = [t for t in tasks if t.key in results[label]]
         per_model[label] = {"tasks_done": len(done), **E.model_metrics(results[label], done, p.attempts)}
+        if label == E.rerank_label(p):      # best-predicted scripts that did not compile, replaced by the next
+            per_model[label]["compile_rejected"] = sum(r.get("compile_rejected", 0) for r in results[label].values())
     candidate = p.candidate if p.candidate in labels else labels[0]
     out = {"interim": True, "tasks_total": total, "tasks_with_baseline": len(tasks), "tasks_in_archive": known,
            "models": labels, "attempts": p.attempts, "metaschedule_trials": p.metaschedule_trials,

@@ -375,3 +375,43 @@ def test_a_retiming_serves_only_the_run_it_timed(tmp_path, cpu_target):
     t, timer = evaluate.Task("a", "test", None), Timer()
     evaluate._retime(p, t, again, timer, cpu_target, {"trials": 2})     # the same run: served from the cache
     assert timer.seen == [] and [o.latency_s for o in t.ms_outcomes] == [7.0, 8.0]
+
+
+def test_the_cost_models_pick_gives_a_place_that_does_not_compile_to_the_next_ranked():
+    """evaluate.rerank_compile_check: of the K best-predicted, one that does not compile is
+    replaced by the next-ranked that does, every prompt's checks side by side in rounds."""
+    from types import SimpleNamespace
+
+    from pipeline.stages.evaluate import _pick
+
+    class Ranked:       # predicts the scripts in alphabetical order, best first
+        def pick(self, mod, scripts, n, epsilon=0.05, rest=False):
+            ranked = sorted(scripts)
+            return ranked if rest else ranked[:n]
+
+    calls = []
+
+    def compiles(pairs):
+        calls.append(len(pairs))
+        return [not s.startswith("x") for _, s in pairs]
+
+    def written():
+        return SimpleNamespace(scripts=[["d", "xa", "b", "xb", "c", "e"], ["f", "g", "h", "f"]],
+                               complete=[[True] * 6, [True, True, False, True]])
+
+    w = written()
+    n, rejected = _pick(w, ["m1", "m2"], Ranked(), 2, compiles)
+    # prompt 1's order b, c, d, e, xa, xb: its best two compile, one round of checks for both prompts;
+    # prompt 2's distinct complete ones are f, g
+    assert w.scripts == [["b", "c"], ["f", "g"]] and n == [6, 4] and rejected == [0, 0] and calls == [4]
+    w = written()
+    w.scripts[0] = ["xa", "b", "xb", "xc", "c"]
+    w.complete[0] = [True] * 5
+    calls.clear()
+    n, rejected = _pick(w, ["m1", "m2"], Ranked(), 3, compiles)
+    # prompt 1's order b, c, xa, xb, xc: round 1 tries b, c, xa (xa fails), round 2 xb (fails), round 3 xc (fails)
+    assert w.scripts[0][:2] == ["b", "c"] and rejected == [3, 0] and calls == [5, 1, 1]
+    assert len(w.scripts[0]) == 3          # filled with what was written, checked and failing as such
+    w = written()
+    n, rejected = _pick(w, ["m1", "m2"], Ranked(), 2)     # no compile check: the cost model's K
+    assert w.scripts == [["b", "c"], ["f", "g"]] and rejected == [0, 0]

@@ -139,7 +139,7 @@ def test_the_candidate_with_a_cost_model_is_reported_beside_it(tmp_path, cpu_tar
                          metrics=str(tmp_path / "metrics.json"), report=str(tmp_path / "evaluation.md"))
     m = ev.main(str(params), progress=False)
     cm = m["models"]["rl+cm"]
-    assert cm["rerank"] == {"oversample": 2, "written_per_prompt": 4}
+    assert cm["rerank"] == {"oversample": 2, "written_per_prompt": 4, "compile_check": False, "compile_rejected": 0}
     assert cm["construction"]["attempts"] == 2 and cm["refinement"]["attempts"] == 0
     assert cm["gate"]["passed"] is None and "rl+cm" in (tmp_path / "evaluation.md").read_text()
     kept = json.loads((tmp_path / "kept" / "tasks" / f"{SPEC.id}.json").read_text())
@@ -150,3 +150,4 @@ def test_the_candidate_with_a_cost_model_is_reported_beside_it(tmp_path, cpu_tar
     assert m["models"]["rl"]["construction"]["attempts"] == 2
     assert "model:rl:guided:with-refinements" in kept or "model:rl:guided:no-refinements" in kept
     assert m["candidate"] == "rl" and m["construction"] == m["models"]["rl"]["construction"]
+

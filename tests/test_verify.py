@@ -115,3 +115,29 @@ def test_the_per_process_cache_keeps_the_recent_workloads_within_its_bytes():
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
     cache.put("d", [np.zeros(200)])          # 1600 bytes alone: kept, everything older goes
     assert cache.get("d") is not None and cache.get("a") is None and cache.get("c") is None
+
+
+def test_the_gpu_less_compile_check_rejects_what_the_h200s_nvcc_rejected(cuda_target):
+    """The GPU evaluation's archive (kept in git) holds rl+cm's four construction scripts of a
+    held-out fp16 conv3d with what the H200 made of them: three nvcc failures (TVM's CUDA code
+    puts 8 values into a 4-lane make_longlong4), one kernel that ran. The compile check here
+    (decode, apply, postprocess, build, nvcc) says the same, before any GPU time."""
+    import json
+    from pathlib import Path
+
+    from pipeline.verify import Checker
+    from pipeline.workloads import Spec, build
+
+    archive = Path(__file__).resolve().parents[1] / "databases" / "evaluate-gpu"
+    kept = json.loads((archive / "tasks" / "conv3d-9a830385b9.json").read_text())
+    result = kept["model:rl+cm:guided:no-refinements"]["result"]
+    there = [o["stage"] for o in result["construction"]]
+    assert there == ["build", "build", "build", "ok"]
+    mod = build(Spec("conv3d", (4, 4, 28, 64, 128, 1, 1), "float16"))
+    checker = Checker(timeout_s=300, workers=2)
+    try:
+        here = checker.compile_pairs([(mod, s) for s in result["scripts"]], "nvidia/nvidia-h100")
+    finally:
+        checker.close()
+    assert [o.stage for o in here] == there
+    assert all("nvcc" in o.error for o in here[:3])

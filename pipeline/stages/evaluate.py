@@ -91,6 +91,12 @@ class EvalParams:
     # "<candidate>+cm" beside the plain figures, construction only, never registered (the cost
     # model is not part of the model). 1: off
     rerank_oversample: int = 1
+    # with the cost model, the K best-predicted scripts that compile are checked: a chosen one
+    # that does not (pipeline.verify.compile_check: nvcc on a GPU-less machine, TVM's build where
+    # the GPU is) gives its place to the next-ranked. TVM's CUDA code generation writes some
+    # vectorized gathers nvcc rejects (8 values into a 4-lane `make_longlong4`): 7 of rl+cm's 96
+    # construction scripts on the H200 (session 16); reports/gpu/compile_check.json
+    rerank_compile_check: bool = False
     gates: dict = field(default_factory=lambda: dict(DEFAULT_GATES))
 
     def __post_init__(self):
@@ -414,7 +420,8 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     script comes from the kernel's design space. With `p.archive_dir`, a task's results kept
     for the same model files and settings are reused. `loaded`: model folder -> (model,
     tokenizer) already loaded, filled in here (one load for several calls). `pick` = (a cost
-    model, K): of the `g.attempts` scripts written per prompt, the K it ranks best are checked."""
+    model, K, compile check): of the `g.attempts` scripts written per prompt, the K it ranks best
+    (that compile, with the check) are checked."""
     from dataclasses import asdict
 
     from pipeline import models
@@ -424,7 +431,8 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     # batch_rows changes how rows are grouped, not what is sampled: results kept before it count
     gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
     key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": gen,
-           "refinements": None, **({"pick": pick[1]} if pick else {})}
+           "refinements": None, **({"pick": pick[1]} if pick else {}),
+           **({"compile_check": True} if pick and pick[2] else {})}
     out, todo = {}, []
     for t in tasks:
         kept = _cache_read(p, t.key).get(_model_field(label, mode, t)) if p is not None else None
@@ -485,7 +493,8 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                      lease=lease)
     gen_s = time.perf_counter() - start
     start = time.perf_counter()
-    written = _pick(w, [t.mod for t, _ in prompts], *pick) if pick else None
+    written, rejected = _pick(w, [t.mod for t, _ in prompts], pick[0], pick[1],
+                              _compiles(measurer) if pick[2] else None) if pick else (None, None)
     rank_s = time.perf_counter() - start
     start = time.perf_counter()
     checked: dict = {}
@@ -515,24 +524,58 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                   "mask_seconds": w.mask_seconds * tokens / total_tokens,
                   "postprocess_seconds": w.postprocess_seconds * tokens / total_tokens,
                   "check_seconds": check_s * sum(len(w.scripts[j]) for j in idx) / total_scripts,
-                  **({"rank_seconds": rank_s * tokens / total_tokens, "written": sum(written[j] for j in idx)}
-                     if pick else {}),
+                  # ranking (and compile checks) by share of tokens; the chosen that did not compile
+                  **({"rank_seconds": rank_s * tokens / total_tokens, "written": sum(written[j] for j in idx),
+                      "compile_rejected": sum(rejected[j] for j in idx)} if pick else {}),
                   "retries": sum(w.prompt_retries[j] for j in idx)}
     return out
 
 
-def _pick(w, mods: list, cost, k: int) -> list[int]:
+def _pick(w, mods: list, cost, k: int, compiles=None) -> tuple[list[int], list[int]]:
     """Per prompt, keep in `w` the `k` scripts the cost model ranks best among the distinct
     complete ones written; with fewer than `k` of those, the rest are filled with what was written
-    (repeats, incomplete ones: checked, failing as such). Returns how many each prompt had."""
+    (repeats, incomplete ones: checked, failing as such). `compiles((mod, script) pairs) ->
+    [bool]`: a chosen script that does not compile gives its place to the next-ranked (all
+    prompts' checks side by side, round after round). Returns (how many each prompt had, how many
+    chosen ones did not compile)."""
     written = [len(x) for x in w.scripts]
+    order = []
     for j, mod in enumerate(mods):
+        usable = list(dict.fromkeys(s for s, c in zip(w.scripts[j], w.complete[j]) if s and c))
+        if compiles is not None:
+            order.append(cost.pick(mod, usable, k, rest=True) if usable else [])
+        else:
+            order.append(cost.pick(mod, usable, k) if len(usable) > k else usable)
+    picked, rejected = _compiling(order, mods, k, compiles) if compiles is not None else (order, [0] * len(mods))
+    for j, best in enumerate(picked):
         scripts, complete = w.scripts[j], w.complete[j]
-        usable = list(dict.fromkeys(s for s, c in zip(scripts, complete) if s and c))
-        chosen = [scripts.index(s) for s in (cost.pick(mod, usable, k) if len(usable) > k else usable)]
+        chosen = [scripts.index(s) for s in best]
         chosen += [i for i in range(len(scripts)) if i not in chosen][: k - len(chosen)]
         w.scripts[j], w.complete[j] = [scripts[i] for i in chosen], [complete[i] for i in chosen]
-    return written
+    return written, rejected
+
+
+def _compiling(order: list[list[str]], mods: list, k: int, compiles) -> tuple[list[list[str]], list[int]]:
+    """Per prompt, the first `k` of its `order` that compile, and how many were tried and did not."""
+    picked, rejected, pos = [[] for _ in mods], [0] * len(mods), [0] * len(mods)
+    while True:
+        batch = []
+        for j in range(len(mods)):
+            take = order[j][pos[j]:pos[j] + k - len(picked[j])]
+            pos[j] += len(take)
+            batch += [(j, s) for s in take]
+        if not batch:
+            return picked, rejected
+        for (j, s), ok in zip(batch, compiles([(mods[j], s) for j, s in batch])):
+            if ok:
+                picked[j].append(s)
+            else:
+                rejected[j] += 1
+
+
+def _compiles(measurer: Measurer):
+    """(mod, script) pairs -> whether each compiles (decode, apply, postprocess, build, nvcc)."""
+    return lambda pairs: [o.stage == "ok" for o in measurer.checker.compile_pairs(pairs, measurer.target_spec)]
 
 
 def _incomplete_fail(outcomes: list[Outcome], complete: list) -> list[Outcome]:
@@ -768,7 +811,10 @@ def write_markdown(metrics: dict, path: str) -> None:
         if m.get("rerank"):
             lines += ["", f"{label}: the candidate with a cost model (pipeline.cost_model, pre-trained on the target's "
                       f"search campaign) checking the K best-predicted of {m['rerank']['written_per_prompt']} scripts "
-                      "written per construction prompt; construction only, not gated, not registered."]
+                      "written per construction prompt"
+                      + (f" that compile ({m['rerank']['compile_rejected']} best-predicted ones did not and gave their "
+                         "place to the next)" if m["rerank"].get("compile_check") else "")
+                      + "; construction only, not gated, not registered."]
     fs = metrics.get("free_sampling")
     if fs:
         lines += ["", f"Free sampling ({fs['model']}, the same construction prompts, same checker): correctness "
@@ -860,7 +906,8 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
             constructions = [replace(t, refinements=[]) for t in group]
             results[rerank].update(run_model(rerank, p.models[p.candidate], constructions,
                                              replace(g, attempts=g.attempts * p.rerank_oversample), measurer, target,
-                                             p.seed, progress, p, deadline, loaded=loaded, pick=(cost, g.attempts)))
+                                             p.seed, progress, p, deadline, loaded=loaded,
+                                             pick=(cost, g.attempts, p.rerank_compile_check)))
             lap(rerank)
     return results, free
 
@@ -1019,7 +1066,9 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     rerank = rerank_label(p) if labels else None
     if rerank:      # construction only; its gate is shown, never used to register or promote
         per_model[rerank] = {**model_metrics(results[rerank], constructions, p.attempts),
-                             "rerank": {"oversample": p.rerank_oversample, "written_per_prompt": p.attempts * p.rerank_oversample}}
+                             "rerank": {"oversample": p.rerank_oversample, "written_per_prompt": p.attempts * p.rerank_oversample,
+                                        "compile_check": p.rerank_compile_check,
+                                        "compile_rejected": sum(r.get("compile_rejected", 0) for r in results[rerank].values())}}
     for label, m in per_model.items():
         m["gate"] = gate(m, p.gates) if label != rerank else {"passed": None, "reasons": ["construction only: not gated"]}
         m["decoding"] = {"mode": "guided" if g.guided else "free", **decoding_figures(results[label])}
