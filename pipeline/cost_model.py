@@ -143,15 +143,15 @@ class CostModel:
     def pick(self, mod, scripts: list[str], n: int, epsilon: float = 0.05, rest: bool = False) -> list[str]:
         """The `n` best-predicted scripts, a share `epsilon` of them drawn at random from the
         rest (MetaSchedule's eps-greedy, so a wrong model still sees something new). With
-        `rest`, the other scripts follow them, best-predicted first: the stand-ins for a chosen
-        one that a later check drops."""
+        `rest`, the other scripts follow them, best-predicted first (those it has no prediction
+        for last): the stand-ins for a chosen one that a later check drops."""
         scores = self.scores(mod, scripts)
         ranked = sorted((i for i, s in enumerate(scores) if s is not None), key=lambda i: -scores[i])
         n_random = min(int(round(n * epsilon)), max(0, len(ranked) - n))
         chosen = ranked[: n - n_random]
         chosen += self.rng.sample(ranked[n - n_random:], n_random)
         if rest:
-            chosen += [i for i in ranked if i not in chosen]
+            chosen += [i for i in ranked if i not in chosen] + [i for i, s in enumerate(scores) if s is None]
         return [scripts[i] for i in chosen]
 
     # -- kept features --------------------------------------------------------------------

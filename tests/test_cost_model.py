@@ -55,6 +55,11 @@ def test_it_learns_a_ranking_and_picks_the_predicted_best(cpu_target):
     left = [scores[i] for i, h in enumerate(held) if h not in picked]
     assert len(set(picked)) == 3 and min(scores[held.index(s)] for s in picked) >= max(left)
     assert np.mean([truth[held.index(s)] for s in picked]) < np.mean(truth)
+    # with the rest: the same pick first, then every other script best-predicted first, a script
+    # it cannot predict for (here one that does not decode) last
+    order = model.pick(mod, held + ["broken"], 3, epsilon=0.0, rest=True)
+    assert order[:3] == picked and sorted(order[:-1]) == sorted(held) and order[-1] == "broken"
+    assert [scores[held.index(s)] for s in order[3:-1]] == sorted(left, reverse=True)
     # a failed candidate is data (MetaSchedule's failed cost), a script that does not apply is not
     assert model.add(mod, held[:1] + ["broken"], [None, 1.0], train=False) == 1 and model.groups[structural_hash(mod)][1][-1] == 1e10
 
