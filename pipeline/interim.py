@@ -58,7 +58,7 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
     rerank = E.rerank_label(p)
     if rerank and p.candidate in digests:
         expect[rerank] = {"model": digests[p.candidate], "generation": {**gen, "attempts": g.attempts * p.rerank_oversample},
-                          "pick": g.attempts, **({"compile_check": True} if p.rerank_compile_check else {})}
+                          **E.pick_key(g.attempts, p.rerank_compile_check)}
     names = _task_names(p, archive)
     tasks, results, free_results = [], {label: {} for label in expect}, {}
     for name, key in names.items():

@@ -431,8 +431,7 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     # batch_rows changes how rows are grouped, not what is sampled: results kept before it count
     gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
     key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": gen,
-           "refinements": None, **({"pick": pick[1]} if pick else {}),
-           **({"compile_check": True} if pick and pick[2] else {})}
+           "refinements": None, **(pick_key(pick[1], pick[2]) if pick else {})}
     out, todo = {}, []
     for t in tasks:
         kept = _cache_read(p, t.key).get(_model_field(label, mode, t)) if p is not None else None
@@ -529,6 +528,12 @@ def _write_and_check(model, tok, tasks: list[Task], g, measurer: Measurer, targe
                       "compile_rejected": sum(rejected[j] for j in idx)} if pick else {}),
                   "retries": sum(w.prompt_retries[j] for j in idx)}
     return out
+
+
+def pick_key(k: int, compile_check: bool) -> dict:
+    """What a cost model's pick of `k` adds to the key of a kept result (results kept before the
+    compile check existed carry no entry for it)."""
+    return {"pick": k, **({"compile_check": True} if compile_check else {})}
 
 
 def _pick(w, mods: list, cost, k: int, compiles=None) -> tuple[list[int], list[int]]:
