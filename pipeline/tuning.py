@@ -7,9 +7,13 @@ reports/bench_search_h200_before.json, ..._after.json):
   a fresh pool of `max_workers` processes every round (its guard against a worker memory
   leak), and each new worker imports TVM and its tensor intrinsics before it builds anything.
   Here the pool lives `recycle_after` rounds, then is replaced, which keeps the guard.
-- Every phase is timed (`Phases`): building, waiting for the runner, and the rest (the
-  search strategy: evolutionary search, cost model, postprocessors; database; callbacks),
-  so a throughput figure comes with where the time went.
+- Every phase is timed (`Phases`): building, measuring (TVM's LocalRunner measures inside
+  `Runner.run`: the scheduler waits there, not on the futures), waiting for futures, and the
+  rest (the search strategy: evolutionary search, cost model, postprocessors; database;
+  callbacks), so a throughput figure comes with where the time went. Until session 17 the
+  measuring was counted in the rest, which was then read as the search strategy's time.
+- With `overlap` (GPU targets, pipeline/overlap.py) builds and measurements run beside the
+  search instead of in turn.
 - A process that shares its GPU with other tuning processes (pipeline.device_lock) measures
   each batch while it holds the GPU's lock (`LockedRunner`), so timings never overlap.
 """
@@ -28,15 +32,19 @@ from pipeline.tvm_env import ms, tvm, worker_init
 class Phases:
     seconds: float = 0.0           # wall time of the tuning run
     build_s: float = 0.0           # inside the builder (the task scheduler waits for it)
+    run_s: float = 0.0             # inside Runner.run (LocalRunner measures there; the scheduler waits)
     run_wait_s: float = 0.0        # waiting for runner results
     rounds: int = 0                # builder calls
     candidates: int = 0            # candidates sent to the builder
     lock_wait_s: float = 0.0       # waiting for a shared GPU's lock (pipeline.device_lock)
+    # with overlap: wall time with builds in flight / with the runner measuring (beside the rest)
+    build_busy_s: float = 0.0
+    measure_busy_s: float = 0.0
 
     @property
     def other_s(self) -> float:
         """Search strategy, cost model, database and callbacks."""
-        return max(0.0, self.seconds - self.build_s - self.run_wait_s)
+        return max(0.0, self.seconds - self.build_s - self.run_s - self.run_wait_s)
 
     def built(self, start: float, candidates: int) -> None:
         """Account one builder call that began at `start` (perf_counter)."""
@@ -45,7 +53,8 @@ class Phases:
         self.candidates += candidates
 
     def add(self, other: "Phases") -> None:
-        for k in ("seconds", "build_s", "run_wait_s", "rounds", "candidates", "lock_wait_s"):
+        for k in ("seconds", "build_s", "run_s", "run_wait_s", "rounds", "candidates", "lock_wait_s",
+                  "build_busy_s", "measure_busy_s"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def to_json(self) -> dict:
@@ -60,10 +69,12 @@ class PoolBuilder(ms.builder.PyBuilder):
     """LocalBuilder's work (same build and export functions, same error messages) with one
     pool of worker processes kept for `recycle_after` rounds."""
 
-    def __init__(self, max_workers: int, timeout_sec: float, phases: Phases, recycle_after: int = 16) -> None:
+    def __init__(self, max_workers: int, timeout_sec: float, phases: Phases, recycle_after: int = 16,
+                 f_build=None) -> None:
         super().__init__()
         self.max_workers, self.timeout_sec, self.recycle_after = max_workers, timeout_sec, recycle_after
         self.phases, self._pool, self._uses = phases, None, 0
+        self.f_build = f_build     # LocalBuilder's f_build: None (its default_build) or a picklable function
 
     def _get_pool(self):
         from tvm.support.popen_pool import PopenPoolExecutor
@@ -88,7 +99,7 @@ class PoolBuilder(ms.builder.PyBuilder):
 
         start = time.perf_counter()
         results = []
-        jobs = [(None, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        jobs = [(self.f_build, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
         for r in self._get_pool().map_with_error_catching(lambda x: _worker_func(*x), jobs):
             if r.status == StatusKind.COMPLETE:
                 results.append(ms.builder.BuilderResult(r.value, None))
@@ -126,7 +137,10 @@ class TimedRunner(ms.runner.PyRunner):
         self.inner, self.phases = inner, phases
 
     def run(self, runner_inputs):
-        return [_TimedFuture(f, self.phases) for f in self.inner.run(runner_inputs)]
+        start = time.perf_counter()
+        futures = self.inner.run(runner_inputs)
+        self.phases.run_s += time.perf_counter() - start
+        return [_TimedFuture(f, self.phases) for f in futures]
 
 
 class _LockedBatch:
@@ -150,8 +164,11 @@ class _LockedBatch:
 
 
 @tvm.ir.utils.derived_object
-class _LockedFuture(ms.runner.PyRunnerFuture):
-    def __init__(self, batch: _LockedBatch, index: int) -> None:
+class BatchFuture(ms.runner.PyRunnerFuture):
+    """Candidate `index` of a batch measured on a thread of its own (an object with a
+    `finished` event and `results`, set when the thread ends)."""
+
+    def __init__(self, batch, index: int) -> None:
         super().__init__()
         self.batch, self.index = batch, index
 
@@ -173,7 +190,7 @@ class LockedRunner(ms.runner.PyRunner):
 
     def run(self, runner_inputs):
         batch = _LockedBatch(self.inner, runner_inputs, self.phases)
-        return [_LockedFuture(batch, i) for i in range(batch.n)]
+        return [BatchFuture(batch, i) for i in range(batch.n)]
 
 
 @tvm.ir.utils.derived_object
@@ -251,14 +268,21 @@ def make_runner(sp):
 
 def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: int, trials_per_iter: int,
          callbacks=(), logger: str = "search", pool: "PoolBuilder | None" = None, search_strategy=None,
-         cost_model=None) -> Phases:
+         cost_model=None, overlap: bool = False, runner=None) -> Phases:
     """Tune `mods` (name, module) with the search stage's settings `sp` (evolutionary search,
     the project's design space, round-robin over the tasks) into a JSONDatabase in `work_dir`.
     `pool`: a PoolBuilder the caller keeps across calls (its workers then start once per
     campaign, not once per call). `cost_model`: MetaSchedule's cost model object for the run
     (default its XGBModel, untrained: e.g. pipeline.cost_model.CostModel.as_metaschedule() for
-    one pre-trained on a search campaign). Returns where the time went."""
+    one pre-trained on a search campaign). `overlap`: build and measure beside the search
+    (pipeline/overlap.py; GPU targets; `pool` must then be an OverlapBuilder). Returns where the
+    time went. `runner`: MetaSchedule's runner to measure with (default: `make_runner(sp)`)."""
+    from pipeline import overlap as ov
+    from pipeline.measure import is_gpu
     from pipeline.space import generator
+
+    if overlap and not is_gpu(target):
+        raise ValueError(f"overlap measures while the cores build: for GPU targets only, not {target.kind.name}")
 
     phases = Phases()
     tasks = [ms.TuneContext(
@@ -268,30 +292,40 @@ def tune(sp, target, mods: list[tuple[str, "tvm.IRModule"]], work_dir, budget: i
         logger=ms.logging.get_logger(f"little_dragon.{logger}.{name}")).clone() for name, mod in mods]
     owned = pool is None
     if pool is not None:
+        if overlap != isinstance(pool, ov.OverlapBuilder):
+            raise ValueError("tune: overlap needs an OverlapBuilder as its pool, and only then")
         builder = pool
         builder.phases = phases
+    elif overlap:
+        builder = ov.OverlapBuilder(sp.builder_workers, sp.build_timeout_s, phases)
     elif sp.persistent_builder:
         builder = PoolBuilder(sp.builder_workers, sp.build_timeout_s, phases)
     else:   # TVM's stock builder (a fresh pool every round), kept for the before/after benchmark
         builder = _TimedLocalBuilder(ms.builder.LocalBuilder(
             max_workers=sp.builder_workers, timeout_sec=sp.build_timeout_s, initializer=worker_init), phases)
-    runner = make_runner(sp)
-    if device_lock.path() and sp.runner == "local":
+    runner = make_runner(sp) if runner is None else runner
+    if overlap:        # takes the device lock itself, per batch
+        runner = ov.OverlapRunner(builder, runner, phases)
+    elif device_lock.path() and sp.runner == "local":
         runner = LockedRunner(runner, phases)
-    runner = TimedRunner(runner, phases)
+    timed = TimedRunner(runner, phases)
+    busy_before = builder.busy.seconds if overlap else 0.0
     start = time.perf_counter()
     try:
         ms.tune.tune_tasks(
             tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=str(work_dir),
             max_trials_global=budget * len(tasks), max_trials_per_task=budget,
-            num_trials_per_iter=trials_per_iter, builder=builder, runner=runner,
+            num_trials_per_iter=trials_per_iter, builder=builder, runner=timed,
             database=ms.database.JSONDatabase(work_dir=str(work_dir)),
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), *callbacks],
             task_scheduler="round-robin", **({"cost_model": cost_model} if cost_model is not None else {}),
         )
     finally:
         phases.seconds = time.perf_counter() - start
-        if owned and isinstance(builder, PoolBuilder):
+        if overlap:
+            phases.build_busy_s = builder.busy.seconds - busy_before
+            phases.measure_busy_s = runner.measuring.seconds
+        if owned and isinstance(builder, (PoolBuilder, ov.OverlapBuilder)):
             builder.shutdown()
     return phases
 

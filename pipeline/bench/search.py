@@ -5,9 +5,11 @@
 
 Each variant runs the search stage's own code from scratch in a temporary folder on the same
 workloads (the first ones the profile's search would tune): `stock` is TVM's LocalBuilder (a
-fresh pool of worker processes each round), `persistent` the project's PoolBuilder. Optional
+fresh pool of worker processes each round), `persistent` the project's PoolBuilder, `overlap`
+that pool building and the GPU measuring beside the search (pipeline/overlap.py). Optional
 `key=value` overrides follow a variant's name: `persistent:min_repeat_ms=40`. Phases: build,
-waiting for the runner, the rest (search strategy, cost model, database).
+measuring (inside Runner.run), waiting for the runner, the rest (search strategy, cost model,
+database); with overlap also the wall time with builds in flight and with the GPU measuring.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import tempfile
 
 import yaml
 
-VARIANTS = {"stock": {"persistent_builder": False}, "persistent": {"persistent_builder": True}}
+VARIANTS = {"stock": {"persistent_builder": False}, "persistent": {"persistent_builder": True},
+            "overlap": {"persistent_builder": True, "overlap": True}}
 
 
 def machine() -> dict:

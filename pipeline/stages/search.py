@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import archive, cluster, device_lock, files, params as P, records, tuning
+from pipeline import archive, cluster, device_lock, files, overlap, params as P, records, tuning
 from pipeline.measure import measure_baseline
 from pipeline.tuning import Phases
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm
@@ -66,6 +66,9 @@ class SearchParams:
     # "replay": a task's first batch straight from the design space, then evolutionary search
     # (pipeline.tuning.ReplayFirst); "evolutionary": MetaSchedule's stock strategy throughout
     first_round: str = "evolutionary"
+    # GPU targets: build and measure a task's batch while the next task searches (pipeline/overlap.py;
+    # MetaSchedule does the three in turn). Needs the persistent builder.
+    overlap: bool = False
     # GPUs measuring at once: one process per entry over alternate shards, builder workers and
     # cores split between them ([]: one process on the default device). A GPU listed twice
     # ([0, 0]) gets two processes whose measurements take turns (pipeline.device_lock): one
@@ -99,6 +102,8 @@ class SearchParams:
         P.require(bool(self.families), "families must list at least one family")
         P.require(self.first_round in ("evolutionary", "replay"), "first_round must be 'evolutionary' or 'replay'")
         P.require(self.runner in ("local", "rpc"), "runner must be 'local' or 'rpc'")
+        P.require(not self.overlap or self.persistent_builder,
+                  "overlap builds in the kept pool of build workers: set persistent_builder: true")
         host, _, port = self.rpc_tracker.rpartition(":")
         P.require(bool(host) and port.isdigit(), f"rpc_tracker must be host:port, got {self.rpc_tracker!r}")
         P.require(self.rpc_workers > 0, "rpc_workers must be > 0")
@@ -164,8 +169,8 @@ class _Recorder(ms.measure_callback.PyMeasureCallback):
             stage, message = None, None
             if built.error_msg:
                 stage, message = "build", built.error_msg
-            elif ran.error_msg:
-                stage, message = "run", ran.error_msg
+            elif ran.error_msg:    # with overlap, a build's failure arrives as the runner's result
+                stage, message = ("build" if overlap.is_build_error(ran.error_msg) else "run"), ran.error_msg
             if stage:
                 files.append_jsonl(self.errors_path, {
                     "workload": self.task_ids[task_id], "stage": stage, "error": str(message)[-2000:],
@@ -187,7 +192,7 @@ def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Sp
     budget = max(r for _, _, r in pending)
     return tuning.tune(p, target, [(spec.id, build(spec)) for spec, _, _ in pending], shard_dir, budget,
                        p.trials_per_iter, callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)],
-                       pool=pool)
+                       pool=pool, overlap=p.overlap)
 
 
 def _listed(shard_dir: Path, name: str) -> dict:
@@ -307,7 +312,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     target = make_target(p.target)
     phases = Phases()
     # one pool of build workers for all the shards (started once, recycled every 16 rounds)
-    pool = tuning.PoolBuilder(p.builder_workers, p.build_timeout_s, Phases()) if p.persistent_builder else None
+    kind = overlap.OverlapBuilder if p.overlap else tuning.PoolBuilder
+    pool = kind(p.builder_workers, p.build_timeout_s, Phases()) if p.persistent_builder else None
     bar = tqdm(total=_remaining(p, plan), desc=f"search{part}", unit="trial", disable=not progress,
                position=position, dynamic_ncols=True)
     for shard_dir, shard, entries in plan:
@@ -321,7 +327,7 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                 "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
                 "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
-                "first_round": p.first_round,
+                "first_round": p.first_round, "overlap": p.overlap,
                 "trials_per_iter": p.trials_per_iter, **done.to_json()})
         baselines_path = shard_dir / "baselines.json"
         baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
@@ -399,7 +405,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
         "this_run": {"measured": measured, "seconds": round(seconds, 1),
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
                      "devices": p.devices, "builder_workers": p.builder_workers,
-                     "persistent_builder": p.persistent_builder,
+                     "persistent_builder": p.persistent_builder, "overlap": p.overlap,
                      "remaining_trials": _remaining(p, plan), "parts": parts},
         "per_workload": rows,
     }
