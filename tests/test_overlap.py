@@ -56,6 +56,7 @@ def test_overlapped_search_measures_every_candidate_while_the_next_task_searches
     assert overlapped.run_s < 0.5 and overlapped.measure_busy_s >= overlapped.candidates * 0.25
     assert overlapped.build_busy_s > 0 and overlapped.rounds == 2
 
+@pytest.mark.slow     # every build times out: a worker restart (a TVM import) per candidate
 def test_a_failed_build_is_a_failed_record_logged_as_a_build_error(tmp_path):
     """Builds that time out (0.001 s) reach MetaSchedule as runner results carrying the
     builder's message: stored as failed, and the stage's error log says 'build'."""
