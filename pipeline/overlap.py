@@ -33,8 +33,7 @@ import tempfile
 import threading
 import time
 
-from pipeline import device_lock
-from pipeline.tuning import BatchFuture, Phases, PoolBuilder
+from pipeline.tuning import BatchFuture, Phases, PoolBuilder, measure_locked
 from pipeline.tvm_env import ms, tvm
 
 BUILD_ERROR_PREFIX = "LocalBuilder: "
@@ -148,15 +147,10 @@ class _Batch:
                 if e is not None:
                     results[i] = ms.runner.RunnerResult(None, e)
             if built:
-                with device_lock.held() as waited:    # a no-op unless processes share the GPU
-                    phases.lock_wait_s += waited
-                    measuring.start()
-                    try:
-                        futures = inner.run([runner_inputs[i] for i in built])
-                        for i, f in zip(built, futures):
-                            results[i] = f.result()
-                    finally:
-                        measuring.end()
+                measured = measure_locked(inner, [runner_inputs[i] for i in built], phases, "OverlapRunner",
+                                          measuring)
+                for i, r in zip(built, measured):
+                    results[i] = r
         except Exception as err:   # noqa: BLE001 - a failed batch is data: its open candidates get the error
             results = [r or ms.runner.RunnerResult(None, f"OverlapRunner: {type(err).__name__}: {err}")
                        for r in results]

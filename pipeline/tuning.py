@@ -154,13 +154,28 @@ class _LockedBatch:
 
     def _measure(self, inner, runner_inputs, phases: Phases) -> None:
         try:
-            with device_lock.held() as waited:
-                phases.lock_wait_s += waited
-                self.results = [f.result() for f in inner.run(runner_inputs)]
-        except Exception as err:   # noqa: BLE001 - a failed batch is data: every candidate gets the error
-            self.results = [ms.runner.RunnerResult(None, f"LockedRunner: {type(err).__name__}: {err}")] * self.n
+            self.results = measure_locked(inner, runner_inputs, phases, "LockedRunner")
         finally:
             self.finished.set()
+
+
+def measure_locked(inner, runner_inputs, phases: Phases, label: str, busy=None) -> list:
+    """`inner`'s results for `runner_inputs`, measured while this process holds its GPU's lock
+    (no lock where the GPU is not shared; the wait goes to `phases.lock_wait_s`). A failed batch
+    is data: every candidate gets the error, named by `label`. `busy` (start/end): told while
+    the measuring, not the wait for the lock, goes on."""
+    try:
+        with device_lock.held() as waited:
+            phases.lock_wait_s += waited
+            if busy is not None:
+                busy.start()
+            try:
+                return [f.result() for f in inner.run(runner_inputs)]
+            finally:
+                if busy is not None:
+                    busy.end()
+    except Exception as err:   # noqa: BLE001 - a failed batch is data: every candidate gets the error
+        return [ms.runner.RunnerResult(None, f"{label}: {type(err).__name__}: {err}")] * len(runner_inputs)
 
 
 @tvm.ir.utils.derived_object
