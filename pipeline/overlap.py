@@ -9,7 +9,7 @@ builds while the GPU idles. Only the RPC runner returns unfinished futures.
 
 Here both calls return at once:
 - `OverlapBuilder.build` submits the batch's builds to the kept pool of build processes and
-  answers with the file each one will write (its own temporary folder, which MetaSchedule's
+  answers with the shared library each one will write (its own temporary folder, which MetaSchedule's
   `RemoveBuildArtifact` callback deletes after the task is joined, as with LocalBuilder's).
 - `OverlapRunner.run` starts a thread for the batch that waits for its builds, measures the
   built ones with the real runner (holding the GPU's lock where processes share it), and
@@ -28,12 +28,10 @@ For GPU targets only: a CPU kernel timed while the cores build would be timed wr
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 import time
 
-from pipeline.tuning import BatchFuture, Phases, PoolBuilder, measure_locked
+from pipeline.tuning import BatchFuture, Phases, PoolBuilder, export_shared, measure_locked, shared_path
 from pipeline.tvm_env import ms, tvm
 
 BUILD_ERROR_PREFIX = "LocalBuilder: "
@@ -45,13 +43,11 @@ def is_build_error(message) -> bool:
 
 
 def build_to(mod, target, params, path: str, f_build=None) -> str:
-    """In a build worker: LocalBuilder's build (`f_build`, default `default_build`) and export
-    (a tar, as `default_export` writes it), to the file named beforehand."""
+    """In a build worker: LocalBuilder's build (`f_build`, default `default_build`), linked into
+    the shared library named beforehand (`tuning.export_shared`)."""
     from tvm.s_tir.meta_schedule.builder.local_builder import _deserialize_params, default_build
-    from tvm.support.tar import tar
 
-    (f_build or default_build)(mod, target, _deserialize_params(params)).export_library(path, fcompile=tar)
-    return path
+    return export_shared((f_build or default_build)(mod, target, _deserialize_params(params)), path)
 
 
 class Busy:
@@ -96,7 +92,7 @@ class OverlapBuilder(PoolBuilder._cls):   # TVM's derived_object: subclass the u
         start = time.perf_counter()
         pool, out = self._get_pool(), []
         for b in build_inputs:
-            path = os.path.join(tempfile.mkdtemp(prefix="ld-build-"), "tvm_tmp_mod.tar")
+            path = shared_path()
             self.busy.start()
             future = pool.submit(build_to, b.mod, b.target, _serialize_params(b.params), path, self.f_build)
             future.add_done_callback(lambda _f: self.busy.end())

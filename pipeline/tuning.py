@@ -12,6 +12,10 @@ reports/bench_search_h200_before.json, ..._after.json):
   rest (the search strategy: evolutionary search, cost model, postprocessors; database;
   callbacks), so a throughput figure comes with where the time went. Until session 17 the
   measuring was counted in the rest, which was then read as the search strategy's time.
+- The build workers link each candidate into a shared library (`export_shared`). LocalBuilder
+  exports a tar of object files, and TVM's `load_module` links a tar when it loads it: inside
+  LocalRunner's single worker, so one candidate after another (50-75 ms each here, a CUDA
+  matmul), where the builders link side by side.
 - With `overlap` (GPU targets, pipeline/overlap.py) builds and measurements run beside the
   search instead of in turn.
 - A process that shares its GPU with other tuning processes (pipeline.device_lock) measures
@@ -20,6 +24,8 @@ reports/bench_search_h200_before.json, ..._after.json):
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -64,6 +70,23 @@ class Phases:
         return out
 
 
+SHARED_NAME = "tvm_tmp_mod.so"
+
+
+def shared_path() -> str:
+    """A new artifact path: its own temporary folder, as LocalBuilder's `default_export` makes
+    (MetaSchedule's RemoveBuildArtifact callback removes it after the task is joined)."""
+    return os.path.join(tempfile.mkdtemp(prefix="ld-build-"), SHARED_NAME)
+
+
+def export_shared(rt_mod, path: str | None = None) -> str:
+    """In a build worker: the built module linked into a shared library (`export_library`'s
+    default compiler), so the runner loads it without linking. Returns its path."""
+    path = path or shared_path()
+    rt_mod.export_library(path)
+    return path
+
+
 @tvm.ir.utils.derived_object
 class PoolBuilder(ms.builder.PyBuilder):
     """LocalBuilder's work (same build and export functions, same error messages) with one
@@ -99,7 +122,7 @@ class PoolBuilder(ms.builder.PyBuilder):
 
         start = time.perf_counter()
         results = []
-        jobs = [(self.f_build, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        jobs = [(self.f_build, export_shared, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
         for r in self._get_pool().map_with_error_catching(lambda x: _worker_func(*x), jobs):
             if r.status == StatusKind.COMPLETE:
                 results.append(ms.builder.BuilderResult(r.value, None))

@@ -1,6 +1,7 @@
 """The search stage on a real (tiny) MetaSchedule run on the CPU."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     """The persistent builder builds every round with the same worker processes (TVM's
     LocalBuilder starts new ones each round), and the stage logs its throughput."""
     from pipeline import tuning
-    from pipeline.tvm_env import make_target, ms
+    from pipeline.tvm_env import make_target, ms, tvm
     from pipeline.workloads import build
 
     p = _params(tmp_path)
@@ -146,9 +147,14 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     inputs = [ms.builder.BuilderInput(mod, target)]
     pids = []
     for _ in range(2):
-        assert builder.build(inputs)[0].error_msg is None
+        result = builder.build(inputs)[0]
+        assert result.error_msg is None
         pids.append({w._proc.pid for w in builder._pool._worker_map.values()})
     builder.shutdown()
+    # linked by the build worker (a shared library), not a tar for the runner's one worker to link
+    artifact = Path(result.artifact_path)
+    assert artifact.suffix == ".so" and artifact.read_bytes()[:4] == b"\x7fELF"
+    assert tvm.runtime.load_module(str(artifact)) is not None
     assert pids[0] == pids[1] and phases.rounds == 2 and phases.candidates == 2
     summary = run_search(_params(tmp_path, trials_per_workload=8, trials_per_iter=4), progress=False)
     log = list(files.read_jsonl(tmp_path / "search" / "throughput.jsonl"))
