@@ -45,11 +45,12 @@ VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost")
 
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
-             oversample: int = 1, cost=None, variants=VARIANTS) -> dict:
+             oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None) -> dict:
     """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
     `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
     use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
-    each batch and the cost model chooses what to measure)."""
+    each batch and the cost model chooses what to measure). `inside_per_iter`: candidates a
+    round for the variants inside MetaSchedule (default: the yardstick's own, `sp`'s)."""
     from pipeline import metaschedule
     from pipeline.stages.evaluate import te_module
     from pipeline.tvm_env import make_target
@@ -65,6 +66,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             row["model_cost"] = _tune(mod, target_spec, model, tok, tmp / "model_cost", checker, trials, cost, oversample)
         tuned = metaschedule.tune(mod, target, ms_trials, tmp / "ms", sp, f"bench_{item}")
         row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
+        if inside_per_iter:
+            sp = dataclasses.replace(sp, trials_per_iter=inside_per_iter)
         # the model inside MetaSchedule: its first batch written by the model, the rest evolved by
         # MetaSchedule's own cost model (which starts empty) or, with `_cost`, the pre-trained one
         for key, pre in (("model_first", None), ("model_first_cost", cost)):
@@ -235,6 +238,9 @@ def main() -> None:
                     help="processes building the checked scripts (the machine's cores less two; 14 on one H200)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                     help="what runs beside MetaSchedule@--ms-trials (default: all)")
+    ap.add_argument("--inside-per-iter", type=int, default=None,
+                    help="candidates a round for the variants inside MetaSchedule (model_first*, ms_cost; "
+                         "default: MetaSchedule's 16): fewer, more rounds that learn from this kernel's measurements")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
@@ -267,9 +273,10 @@ def main() -> None:
     rows = []
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
-                             args.oversample, cost, args.variants))
+                             args.oversample, cost, args.variants, args.inside_per_iter))
         summary = summarize(rows, args.trials, args.ms_trials)
-        files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"], **summary, "rows": rows})
+        files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"],
+                                    "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))
     s = summarize(rows, args.trials, args.ms_trials)

@@ -321,6 +321,16 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
             break          # --stop-after: the next run resumes here
         bar.set_postfix_str(shard_dir.name)
         done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool)
+        baselines_path = shard_dir / "baselines.json"
+        baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
+        missing = [spec for spec in shard if spec.id not in baselines]
+        start = time.perf_counter()
+        for spec in missing:
+            t = measure_baseline(build(spec), target)
+            baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
+        if missing or not baselines_path.exists():
+            files.write_json(baselines_path, baselines)
+        done.baseline_s = time.perf_counter() - start
         if done.candidates:
             phases.add(done)
             files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
@@ -329,14 +339,6 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                 "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
                 "first_round": p.first_round, "overlap": p.overlap,
                 "trials_per_iter": p.trials_per_iter, **done.to_json()})
-        baselines_path = shard_dir / "baselines.json"
-        baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
-        missing = [spec for spec in shard if spec.id not in baselines]
-        for spec in missing:
-            t = measure_baseline(build(spec), target)
-            baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
-        if missing or not baselines_path.exists():
-            files.write_json(baselines_path, baselines)
         if p.archive_dir:
             archive.save(shard_dir, Path(p.archive_dir))
     bar.close()
