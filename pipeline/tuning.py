@@ -91,8 +91,9 @@ def export_shared(rt_mod, path: str | None = None) -> str:
 
 @tvm.ir.utils.derived_object
 class PoolBuilder(ms.builder.PyBuilder):
-    """LocalBuilder's work (same build and export functions, same error messages) with one
-    pool of worker processes kept for `recycle_after` rounds."""
+    """LocalBuilder's work (its build function, its error messages; each artifact linked by
+    `export_shared` rather than tarred) with one pool of worker processes kept for
+    `recycle_after` rounds."""
 
     def __init__(self, max_workers: int, timeout_sec: float, phases: Phases, recycle_after: int = 16,
                  f_build=None) -> None:
