@@ -1,11 +1,14 @@
 """CUDA traces: exact round trips and real nvcc compilation (a file of its own so the test
 runner can balance it against the CPU codec tests)."""
 
+import pytest
+
 from test_codec import _assert_round_trips, _builds_of_decoded, _sample_traces
 
 from pipeline.workloads import FAMILIES
 
 
+@pytest.mark.slow     # ~100 s of nvcc; `make test` runs it in its second phase
 def test_cuda_traces_round_trip_exactly_and_compile_with_nvcc(cuda_target):
     """On a machine without a GPU tvm.compile keeps CUDA source uncompiled (GPU.md), so the
     source is compiled for real with nvcc for the H100/H200 architecture."""

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline import codec
@@ -66,6 +67,7 @@ def test_parallel_shards_both_targets_exclusions_and_resume(tmp_path):
     assert _rows(params, {"kind": "llvm", "num-cores": 2}) == llvm
 
 
+@pytest.mark.slow     # ~80 s; the default phase keeps the resume after a deleted shard
 def test_sigkill_loses_at_most_the_shards_in_flight(tmp_path):
     params = _params(tmp_path, workloads=40, shard_size=2)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

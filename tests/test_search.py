@@ -265,7 +265,8 @@ def test_replay_first_round_then_evolutionary_search(tmp_path):
     assert log[0]["first_round"] == "replay" and log[0]["rounds"] == 2
 
 
-@pytest.mark.parametrize("server", ["tvm.exec.rpc_server", "pipeline.rpc_server"])
+# TVM's own server in the slow phase: the default keeps the project's (same search, ~80 s each)
+@pytest.mark.parametrize("server", [pytest.param("tvm.exec.rpc_server", marks=pytest.mark.slow), "pipeline.rpc_server"])
 def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path, server):
     """runner: rpc - TVM's own tracker and one CPU RPC server on 127.0.0.1 measure the
     candidates (loopback; on a cluster the servers run on the GPU hosts): TVM's server, and
@@ -313,6 +314,7 @@ def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path, server):
                 child.wait()
 
 
+@pytest.mark.slow     # ~95 s; the default phase keeps the cluster's stop-after test
 def test_search_on_a_dask_cluster_survives_a_lost_worker(tmp_path):
     """The search's shards on a local Dask cluster of 2 workers; one worker is killed (SIGKILL)
     once the first candidates are in a database. Its shard runs again on the other worker and
