@@ -30,6 +30,26 @@ from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, ms, structural_h
 FAILED_COST = 1e10   # MetaSchedule's cost of a failed candidate (its XGBModel._mean_cost)
 
 
+def _focus(xgb, pretrained: set[str], times: int) -> None:
+    """Make an XGBModel's retraining (XGBModel.update's step 5, which passes every group's
+    features once) repeat the groups not in `pretrained` `times` times. The override sits on the
+    Python instance behind TVM's derived-object wrapper, where `update` looks `_train` up."""
+    inst = xgb._inst
+    train = inst._train
+
+    def _train(xs, ys):
+        fx, fy = [], []
+        for key, g in inst.data.items():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.divide(g.min_cost, g.costs, out=np.zeros_like(g.costs), where=g.costs != 0)
+            reps = 1 if key in pretrained else times
+            fx += list(g.features) * reps
+            fy += [r] * reps
+        train(xs=fx, ys=np.concatenate(fy))
+
+    inst._train = _train
+
+
 class CostModel:
     """Scores scripts of any workload on one target; higher is predicted faster."""
 
@@ -103,13 +123,19 @@ class CostModel:
         out.train()
         return out
 
-    def as_metaschedule(self):
+    def as_metaschedule(self, focus: int = 1):
         """This model as MetaSchedule's own cost model object, for `ms.tune_tir` / the Relax
         tuning entry points / `tune_tasks` (`cost_model=`): an XGBModel that holds every
         candidate this one was trained on, grouped by workload, and is trained already, so the
         evolutionary search ranks its population by it from the first round (MetaSchedule's own
         starts empty and picks at random until it has measured). It goes on learning from the
-        run's measurements, retraining each round on all of it. A fresh object each call."""
+        run's measurements, retraining each round on all of it. A fresh object each call.
+
+        `focus` > 1: each retraining counts the run's own measurements (the workloads it tunes)
+        `focus` times, the pre-training once: a kernel's first 16 candidates are otherwise one
+        group in a hundred or more, and barely move a model of the whole campaign."""
+        if focus < 1:
+            raise ValueError(f"focus must be >= 1 (got {focus})")
         from collections import OrderedDict
 
         from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
@@ -121,6 +147,8 @@ class CostModel:
         if out.data_size:
             xs = [x for g in out.data.values() for x in g.features]
             out._train(xs=xs, ys=np.concatenate([g.min_cost / g.costs for g in out.data.values()]))
+        if focus > 1:
+            _focus(out, set(out.data), focus)
         return out
 
     # -- ranking --------------------------------------------------------------------------

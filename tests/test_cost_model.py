@@ -157,3 +157,31 @@ def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes
                               "pretrained", strategy=evolve, cost_model=xgb)
     assert tuned.trials == 4 and xgb.data_size == 24 and len(xgb.data) == 3
     assert model.as_metaschedule().data_size == 20       # a fresh object each call
+
+
+def test_focus_counts_the_runs_own_measurements_that_many_times(tmp_path, cpu_target, monkeypatch):
+    from pipeline.tvm_env import Schedule
+
+    other = Spec("matmul", (8, 32, 48), "float32")
+    _database(tmp_path / "search", cpu_target, [SPEC, other], 10)
+    model = CostModel(cpu_target)
+    model.pretrain(tmp_path / "search")
+    with pytest.raises(ValueError, match="focus"):
+        model.as_metaschedule(focus=0)
+    sizes = []
+    plain = type(model.as_metaschedule()._inst)._train
+    monkeypatch.setattr(type(model.as_metaschedule()._inst), "_train",
+                        lambda self, xs, ys: (sizes.append(len(xs)), plain(self, xs, ys))[1])
+    mod = build(Spec("matmul", (16, 16, 24), "float32"))     # a workload the pre-training has not seen
+    probe = _scripts(mod, cpu_target, 4, seed=3)
+    cands = []
+    for text in probe:
+        sch = Schedule(mod, debug_mask=0)
+        codec.decode(mod, text, cpu_target).apply_to_schedule(sch, remove_postproc=False)
+        cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    results = [ms.runner.RunnerResult(run_secs=[1e-3 * (i + 1)], error_msg=None) for i in range(len(cands))]
+    for focus, expect in ((1, 20 + 4), (8, 20 + 4 * 8)):
+        sizes.clear()
+        xgb = model.as_metaschedule(focus=focus)
+        xgb.update(context(cpu_target, mod), cands, results)
+        assert sizes == [20, expect] and xgb.data_size == 24       # the data itself is kept once

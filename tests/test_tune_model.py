@@ -75,3 +75,24 @@ def test_tune_model_rejects_a_file_that_is_not_python(tmp_path, capsys):
     (tmp_path / "m").mkdir()
     assert main(["tune-model", str(net), "--model", str(tmp_path / "m")]) == 2
     assert "not a Python file" in capsys.readouterr().err
+
+
+@pytest.mark.slow     # two Relax tunings and three end-to-end builds (~1-2 min)
+def test_bench_ms_cost_tunes_the_network_with_the_pretrained_cost_model_at_equal_trials(tmp_path, cpu_target):
+    from pipeline.bench.tune_model import run_network
+    from pipeline.cost_model import CostModel
+
+    net = tmp_path / "net.py"
+    net.write_text(NETWORK)
+    made = []
+
+    def cost():
+        made.append(CostModel(cpu_target))
+        return made[-1]
+
+    row = run_network(str(net), None, {"kind": "llvm", "num-cores": 2}, 2, tmp_path / "work", ["ms_cost"], cost)
+    assert len(made) == 1 and "model" not in row
+    ms_row, ours = row["metaschedule"], row["ms_cost"]
+    assert ms_row["matches_untuned"] is True and ours["matches_untuned"] is True
+    assert 0 < ours["measured"] <= 2 * row["tasks"] and 0 < ms_row["measured"] <= 2 * row["tasks"]
+    assert row["ms_cost_over_ms"] == ours["latency_s"] / ms_row["latency_s"] > 0

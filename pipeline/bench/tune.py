@@ -45,12 +45,14 @@ VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost")
 
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
-             oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None) -> dict:
+             oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None,
+             focus: int = 1) -> dict:
     """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
     `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
     use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
     each batch and the cost model chooses what to measure). `inside_per_iter`: candidates a
-    round for the variants inside MetaSchedule (default: the yardstick's own, `sp`'s)."""
+    round for the variants inside MetaSchedule (default: the yardstick's own, `sp`'s); `focus`:
+    how many times their cost model counts the kernel's own measurements (`as_metaschedule`)."""
     from pipeline import metaschedule
     from pipeline.stages.evaluate import te_module
     from pipeline.tvm_env import make_target
@@ -73,12 +75,12 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         for key, pre in (("model_first", None), ("model_first_cost", cost)):
             if key in variants:
                 row[key] = _inside(mod, target, target_spec, trials, sp, checker, tmp / key, f"bench_{item}_{key}",
-                                   (model, tok), pre)
+                                   (model, tok), pre, focus)
         if "ms_cost" in variants:
             # ablation: MetaSchedule's evolutionary search alone with the pre-trained cost model (no
             # language model): what the cost model brings without the model's scripts
             row["ms_cost"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_cost",
-                                     f"bench_{item}_ms_cost", None, cost)
+                                     f"bench_{item}_ms_cost", None, cost, focus)
     return row
 
 
@@ -103,7 +105,7 @@ def _tune(mod, target_spec, model, tok, work, checker, trials: int, cost=None, o
     return out
 
 
-def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost) -> dict:
+def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost, focus: int = 1) -> dict:
     """MetaSchedule's own tuning at `trials`: with `model` (a loaded pair), ModelFirst (the
     model's batch, then the evolutionary search); without, the evolutionary search alone. With
     `cost`, the search ranks by the pre-trained cost model (`CostModel.as_metaschedule`)."""
@@ -112,7 +114,7 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
     from pipeline.tvm_env import ms
 
     start = time.perf_counter()
-    xgb = cost().as_metaschedule() if cost else None
+    xgb = cost().as_metaschedule(focus) if cost else None
     load_s = time.perf_counter() - start
     if model is not None:
         strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,
@@ -241,10 +243,15 @@ def main() -> None:
     ap.add_argument("--inside-per-iter", type=int, default=None,
                     help="candidates a round for the variants inside MetaSchedule (model_first*, ms_cost; "
                          "default: MetaSchedule's 16): fewer, more rounds that learn from this kernel's measurements")
+    ap.add_argument("--focus", type=int, default=1,
+                    help="the pre-trained cost model inside MetaSchedule (ms_cost, model_first_cost) counts the "
+                         "kernel's own measurements this many times in each retraining (default 1: as one more workload)")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
     args = ap.parse_args()
+    if args.focus < 1:
+        ap.error(f"--focus must be >= 1 (got {args.focus})")
     import yaml
 
     from pipeline import files, models, params as P
@@ -273,10 +280,11 @@ def main() -> None:
     rows = []
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
-                             args.oversample, cost, args.variants, args.inside_per_iter))
+                             args.oversample, cost, args.variants, args.inside_per_iter, args.focus))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"],
-                                    "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, **summary, "rows": rows})
+                                    "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, "focus": args.focus,
+                                    **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))
     s = summarize(rows, args.trials, args.ms_trials)

@@ -2,7 +2,8 @@
 (`ms.relax_integration.tune_relax`) at equal trials per task, end to end, in one run.
 
     python -m pipeline.bench.tune_model --model models/rl [--trials-per-task 16] \
-        [--networks examples/networks/*.py] [--out reports/bench_tune_model_cpu.json]
+        [--networks examples/networks/*.py] [--variants model ms_cost model_first_cost] \
+        [--out reports/bench_tune_model_cpu.json]
 
 Per network: the model tunes every task (pipeline.tune_model); MetaSchedule tunes the same
 tasks (its gradient task scheduler, evolutionary search, at most the same trials per task and
@@ -11,6 +12,11 @@ functions built as TVM builds them) and run on the same random inputs, checked a
 untuned build's outputs, and timed with the same VM time evaluator. MetaSchedule builds with
 the project's kept build pool (pipeline.tuning.PoolBuilder) so its wall time is not TVM's
 per-round worker start-up; its runner is TVM's LocalRunner.
+
+Beside `model` (little-dragon tune-model), the one-argument ways into MetaSchedule's own Relax
+tuning, same trials: `ms_cost` (`tune_relax(..., cost_model=...)` with the project's cost model
+pre-trained on the target's campaign, `CostModel.as_metaschedule`) and `model_first_cost` (also
+`strategy=ModelFirst(model)`: each task's first half of its trials written by the model).
 """
 
 from __future__ import annotations
@@ -24,34 +30,65 @@ from pathlib import Path
 from pipeline import files
 
 
-def run_network(path: str, model_dir: str, target_spec, trials: int, work: Path) -> dict:
+VARIANTS = ("model", "ms_cost", "model_first_cost")
+
+
+def _tune_relax(mod, target, trials: int, n_tasks: int, work: Path, **kw):
+    """MetaSchedule's Relax tuning at `trials` a task (its gradient task scheduler), built by
+    the project's kept pool; `kw`: tune_relax's own `strategy=` / `cost_model=`."""
     from pipeline import tune_model as tm
     from pipeline.tuning import Phases, PoolBuilder
-    from pipeline.tvm_env import make_target, ms
+    from pipeline.tvm_env import ms
 
-    target = make_target(target_spec)
-    start = time.perf_counter()
-    ours = tm.tune_model(path, target_spec, trials, model_dir, str(work / "model"), progress=False)
-    ours_s = time.perf_counter() - start
-    mod = tm.load_network(path)
-    tasks = tm.extract_tasks(mod, target)
     start = time.perf_counter()
     pool = PoolBuilder(2, 60.0, Phases())
-    db = ms.relax_integration.tune_relax(tm.prepared(mod, target), None, target, str(work / "ms"),
-                                         max_trials_global=trials * len(tasks), max_trials_per_task=trials,
-                                         num_trials_per_iter=min(16, trials), builder=pool, seed=0)
-    pool.shutdown()
-    ms_s = time.perf_counter() - start
+    try:
+        db = ms.relax_integration.tune_relax(tm.prepared(mod, target), None, target, str(work),
+                                             max_trials_global=trials * n_tasks, max_trials_per_task=trials,
+                                             num_trials_per_iter=min(16, trials), builder=pool, seed=0, **kw)
+    finally:
+        pool.shutdown()
+    return db, time.perf_counter() - start
+
+
+def run_network(path: str, model_dir: str | None, target_spec, trials: int, work: Path,
+                variants=("model",), cost=None) -> dict:
+    """One network: MetaSchedule's Relax tuning (the yardstick, always) and each of `variants`
+    at the same trials; `cost()` makes a fresh pre-trained cost model."""
+    from pipeline import tune_model as tm
+    from pipeline.tvm_env import make_target
+
+    target = make_target(target_spec)
+    mod = tm.load_network(path)
+    tasks = tm.extract_tasks(mod, target)
     untuned = tm.end_to_end(mod, target, tm.union([]))
+    db, ms_s = _tune_relax(mod, target, trials, len(tasks), work / "ms")
     theirs = tm.end_to_end(mod, target, db, reference=untuned["outputs"])
-    ms_trials = len(db.get_all_tuning_records())
-    return {"network": Path(path).stem, "tasks": len(tasks), "trials_per_task": trials,
-            "untuned_s": untuned["latency_s"],
-            "model": {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"], "wall_s": round(ours_s, 1),
-                      "matches_untuned": ours["matches_untuned"]},
-            "metaschedule": {"latency_s": theirs["latency_s"], "measured": ms_trials, "wall_s": round(ms_s, 1),
-                             "matches_untuned": theirs["matches_untuned"]},
-            "model_over_ms": ours["tuned_latency_s"] / theirs["latency_s"]}
+    row = {"network": Path(path).stem, "tasks": len(tasks), "trials_per_task": trials,
+           "untuned_s": untuned["latency_s"],
+           "metaschedule": {"latency_s": theirs["latency_s"], "measured": len(db.get_all_tuning_records()),
+                            "wall_s": round(ms_s, 1), "matches_untuned": theirs["matches_untuned"]}}
+    if "model" in variants:
+        start = time.perf_counter()
+        ours = tm.tune_model(path, target_spec, trials, model_dir, str(work / "model"), progress=False)
+        row["model"] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
+                        "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
+    for key in ("ms_cost", "model_first_cost"):
+        if key not in variants:
+            continue
+        kw = {"cost_model": cost().as_metaschedule()}
+        if key == "model_first_cost":
+            from pipeline.model_strategy import ModelFirst
+
+            kw["strategy"] = ModelFirst(model_dir, batch=max(1, trials // 2))
+        vdb, v_s = _tune_relax(mod, target, trials, len(tasks), work / key, **kw)
+        got = tm.end_to_end(mod, target, vdb, reference=untuned["outputs"])
+        row[key] = {"latency_s": got["latency_s"], "measured": len(vdb.get_all_tuning_records()),
+                    "wall_s": round(v_s, 1), "matches_untuned": got["matches_untuned"]}
+    for key in VARIANTS:
+        if key in row:
+            row[f"{key}_over_ms"] = row[key]["latency_s"] / theirs["latency_s"]
+    return row
 
 
 def _plot(rows: list[dict], path: Path) -> None:
@@ -63,9 +100,12 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = [r["network"] for r in rows]
     x = range(len(rows))
-    for k, (key, label) in enumerate([("untuned", "untuned"), ("metaschedule", "MetaSchedule"), ("model", "model")]):
+    bars = [("untuned", "untuned"), ("metaschedule", "MetaSchedule")] + [
+        (k, LABELS[k]) for k in VARIANTS if all(k in r for r in rows)]
+    w = 0.8 / len(bars)
+    for k, (key, label) in enumerate(bars):
         vals = [(r["untuned_s"] if key == "untuned" else r[key]["latency_s"]) * 1e6 for r in rows]
-        ax.bar([i + (k - 1) * 0.27 for i in x], vals, width=0.27, label=label)
+        ax.bar([i + (k - (len(bars) - 1) / 2) * w for i in x], vals, width=w, label=label)
     ax.set_xticks(list(x), names)
     ax.set_yscale("log")
     ax.set_ylabel("end-to-end latency (us, log)")
@@ -76,31 +116,51 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+LABELS = {"model": "model (tune-model)", "ms_cost": "MetaSchedule + pre-trained cost model",
+          "model_first_cost": "ModelFirst + pre-trained cost model"}
+
+
 def main(argv: list[str] | None = None) -> dict:
     from pipeline.bench.search import machine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=None, help="a model folder (needed by model, model_first_cost)")
+    ap.add_argument("--variants", nargs="+", default=["model"], choices=VARIANTS,
+                    help="what runs beside MetaSchedule's tune_relax (default: model)")
     ap.add_argument("--networks", nargs="*", default=sorted(glob.glob("examples/networks/*.py")))
     ap.add_argument("--trials-per-task", type=int, default=16)
     ap.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}')
     ap.add_argument("--out", default="reports/bench_tune_model_cpu.json")
     args = ap.parse_args(argv)
+    if set(args.variants) & {"model", "model_first_cost"} and not args.model:
+        ap.error("--model is needed by the variants model and model_first_cost")
     import json
 
     target_spec = json.loads(args.target) if args.target.startswith("{") else args.target
+    pretrained = []
+
+    def cost():       # pre-trained once (the target's campaign kept in git), a fresh copy each use
+        if not pretrained:
+            from pipeline import cost_model
+
+            pretrained.append(cost_model.for_target(target_spec)[0])
+        return pretrained[0].copy()
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.networks:
-            row = run_network(path, args.model, target_spec, args.trials_per_task, Path(tmp) / Path(path).stem)
+            row = run_network(path, args.model, target_spec, args.trials_per_task, Path(tmp) / Path(path).stem,
+                              args.variants, cost)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    wins = sum(r["model_over_ms"] <= 1.0 for r in rows)
-    out = {"machine": machine(), "target": target_spec, "model": args.model, "networks": rows,
-           "model_at_or_below_ms": f"{wins}/{len(rows)}"}
+    out = {"machine": machine(), "target": target_spec, "model": args.model, "variants": args.variants,
+           "networks": rows}
+    for key in args.variants:
+        out[f"{key}_at_or_below_ms"] = f"{sum(r[f'{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
     files.write_json(args.out, out)
     _plot(rows, Path(args.out).with_suffix(".png"))
-    print(f"model <= MetaSchedule end to end on {wins}/{len(rows)} networks -> {args.out}")
+    print("<= MetaSchedule end to end: " + ", ".join(f"{k} {out[f'{k}_at_or_below_ms']}" for k in args.variants)
+          + f" -> {args.out}")
     return out
 
 
