@@ -3,7 +3,8 @@ search at equal measured candidates, on TVM's te_workload kernels, in one run.
 
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
         [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--checker-workers 2] \
-        [--variants model model_cost model_first model_first_cost ms_cost] [--out reports/bench_tune_cpu.json]
+        [--variants model model_cost model_first model_first_cost ms_cost] [--inside-per-iter 4] [--focus 16] \
+        [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
 MetaSchedule tunes `--ms-trials` (population 512 x 4, 16 per round); and the model inside
@@ -11,7 +12,9 @@ MetaSchedule (pipeline.model_strategy.ModelFirst) tunes `--trials`: half written
 the rest evolved by MetaSchedule from them, ranked by its own cost model (which starts empty:
 `model_first`) or by the pre-trained one (`model_first_cost`, through
 `CostModel.as_metaschedule`); MetaSchedule's search alone with the pre-trained cost model
-(`ms_cost`, the ablation: what the cost model brings without the language model); with `--oversample K` (default 4), the model with a
+(`ms_cost`, the ablation: what the cost model brings without the language model; `--inside-per-iter`
+in rounds that retrain it on the kernel's measurements, `--focus N` counting those N times); with
+`--oversample K` (default 4), the model with a
 cost model (pipeline.cost_model, pre-trained on the target's search campaign unless `--cost-data`
 says otherwise) choosing what to measure among K times each batch. Every candidate of each is
 timed by the same checker (pipeline.verify), so the comparison never mixes two timers:
