@@ -32,19 +32,20 @@ FAILED_COST = 1e10   # MetaSchedule's cost of a failed candidate (its XGBModel._
 
 def _focus(xgb, pretrained: set[str], times: int) -> None:
     """Make an XGBModel's retraining (XGBModel.update's step 5, which passes every group's
-    features once) repeat the groups not in `pretrained` `times` times. The override sits on the
-    Python instance behind TVM's derived-object wrapper, where `update` looks `_train` up."""
+    features and min_cost / cost once, group after group in `data`'s order) repeat the slices of
+    the groups not in `pretrained` `times` times. The override sits on the Python instance
+    behind TVM's derived-object wrapper, where `update` looks `_train` up."""
     inst = xgb._inst
     train = inst._train
 
     def _train(xs, ys):
-        fx, fy = [], []
+        fx, fy, at = [], [], 0
         for key, g in inst.data.items():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.divide(g.min_cost, g.costs, out=np.zeros_like(g.costs), where=g.costs != 0)
+            n = len(g.features)
             reps = 1 if key in pretrained else times
-            fx += list(g.features) * reps
-            fy += [r] * reps
+            fx += list(xs[at:at + n]) * reps
+            fy += [ys[at:at + n]] * reps
+            at += n
         train(xs=fx, ys=np.concatenate(fy))
 
     inst._train = _train
