@@ -123,9 +123,19 @@ def test_tuner_with_a_cost_model_writes_more_than_it_measures(tmp_path, cpu_targ
         Tuner(build(SPEC), {"kind": "llvm", "num-cores": 2}, model, tok, tmp_path / "t2", cost_model=cost, oversample=0)
 
 
-def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes_and_updates(tmp_path, cpu_target):
+def _candidates(mod, target, scripts: list[str]) -> list:
+    """MetaSchedule's measure candidates of `scripts` (decoded, applied, not postprocessed)."""
     from pipeline.tvm_env import Schedule
 
+    out = []
+    for text in scripts:
+        sch = Schedule(mod, debug_mask=0)
+        codec.decode(mod, text, target).apply_to_schedule(sch, remove_postproc=False)
+        out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    return out
+
+
+def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes_and_updates(tmp_path, cpu_target):
     other = Spec("matmul", (8, 32, 48), "float32")
     _database(tmp_path / "search", cpu_target, [SPEC, other], 10)
     model = CostModel(cpu_target)
@@ -135,11 +145,7 @@ def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes
     # it ranks as the project's model does (same data, same objective) from its first call
     mod = build(SPEC)
     probe = _scripts(mod, cpu_target, 6, seed=9)
-    cands = []
-    for text in probe:
-        sch = Schedule(mod, debug_mask=0)
-        codec.decode(mod, text, cpu_target).apply_to_schedule(sch, remove_postproc=False)
-        cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    cands = _candidates(mod, cpu_target, probe)
     assert np.allclose(xgb.predict(context(cpu_target, mod), cands), model.scores(mod, probe), atol=1e-5)
     # MetaSchedule's own search (tune_tasks, as the bench tunes) takes it and adds the run's
     # measurements to the pre-training. (Not ms.tune_tir: TVM's tune_tir builds its loggers from
@@ -160,8 +166,6 @@ def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes
 
 
 def test_focus_counts_the_runs_own_measurements_that_many_times(tmp_path, cpu_target, monkeypatch):
-    from pipeline.tvm_env import Schedule
-
     other = Spec("matmul", (8, 32, 48), "float32")
     _database(tmp_path / "search", cpu_target, [SPEC, other], 10)
     model = CostModel(cpu_target)
@@ -169,16 +173,12 @@ def test_focus_counts_the_runs_own_measurements_that_many_times(tmp_path, cpu_ta
     with pytest.raises(ValueError, match="focus"):
         model.as_metaschedule(focus=0)
     sizes = []
-    plain = type(model.as_metaschedule()._inst)._train
-    monkeypatch.setattr(type(model.as_metaschedule()._inst), "_train",
+    inner = ms.cost_model.XGBModel._cls       # the Python class behind TVM's derived-object wrapper
+    plain = inner._train
+    monkeypatch.setattr(inner, "_train",
                         lambda self, xs, ys: (sizes.append(len(xs)), plain(self, xs, ys))[1])
     mod = build(Spec("matmul", (16, 16, 24), "float32"))     # a workload the pre-training has not seen
-    probe = _scripts(mod, cpu_target, 4, seed=3)
-    cands = []
-    for text in probe:
-        sch = Schedule(mod, debug_mask=0)
-        codec.decode(mod, text, cpu_target).apply_to_schedule(sch, remove_postproc=False)
-        cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    cands = _candidates(mod, cpu_target, _scripts(mod, cpu_target, 4, seed=3))
     results = [ms.runner.RunnerResult(run_secs=[1e-3 * (i + 1)], error_msg=None) for i in range(len(cands))]
     for focus, expect in ((1, 20 + 4), (8, 20 + 4 * 8)):
         sizes.clear()
