@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--fail-on-gate", action="store_true", help="exit 1 when the candidate fails a gate")
     p.add_argument("--stop-after", type=_positive_seconds, default=None, metavar="SECONDS",
-                   help="start no new task after SECONDS (an evaluation in steps; keep results with evaluate.archive_dir)")
+                   help="start no new task after SECONDS, nor a model's batch not expected to end by then "
+                        "(an evaluation in steps; keep results with evaluate.archive_dir)")
     p.add_argument("--part", type=_part, default=None, metavar="I/N",
                    help="only every N-th task from the I-th (one process per GPU; results kept in evaluate.archive_dir)")
     phase = p.add_mutually_exclusive_group()

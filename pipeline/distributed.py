@@ -55,7 +55,7 @@ def unsharded(trainer, save_dir: str):
         return None
     from pipeline import models
 
-    model, _ = models.load(save_dir)
+    model, _ = models.load(save_dir, merge=False)   # an adapter stays one: it is saved as such
     return model
 
 

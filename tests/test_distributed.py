@@ -156,5 +156,5 @@ def test_sft_ddp_and_fsdp_lora_on_two_gpus(tmp_path):
     fsdp = _sft(tmp_path, "fsdp", 2, config="configs/accelerate/fsdp-lora.yaml", lora=True)
     assert fsdp["processes"] == 2
     assert models.is_adapter(tmp_path / "fsdp" / "models" / "sft")
-    model, _ = models.load(tmp_path / "fsdp" / "models" / "sft")
+    model, _ = models.load(tmp_path / "fsdp" / "models" / "sft", merge=False)
     assert any("lora_" in n for n, _ in model.named_parameters())

@@ -75,6 +75,47 @@ def test_tasks_are_batched_by_rows_in_order():
     assert [t.key for c in chunks for t in c] == [t.key for t in tasks]
 
 
+def test_a_batch_expected_to_end_past_the_stop_is_cut_to_what_fits(tmp_path, monkeypatch):
+    """With a deadline, a model writes only the tasks whose batch is expected to end before it (at
+    the seconds a row of its kept results, then of its last batch), so a step's stop falls between
+    two batches; with no estimate the whole batch goes while time is left; none past the deadline."""
+    from types import SimpleNamespace
+
+    from pipeline import models
+    from pipeline.generate import GenerationParams
+
+    kept = {"result": {"generation_seconds": 30.0, "check_seconds": 8.0, "rank_seconds": 2.0,
+                       "refinement": [{}, {}], "construction": []}}
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "x.json").write_text(json.dumps({"model:rl:guided:with-refinements": kept,
+                                                            "model:sft:guided:with-refinements": {"result": {}}}))
+    p = SimpleNamespace(archive_dir=str(tmp_path))
+    assert evaluate.kept_rate(p, "rl", "guided", attempts=4) == 40.0 / 12     # 3 prompts x 4 attempts
+    assert evaluate.kept_rate(p, "sft", "guided", 4) is None and evaluate.kept_rate(None, "rl", "guided", 4) is None
+
+    tasks = [evaluate.Task(k, "catalog", None, timed=False) for k in "abcde"]    # 4 rows each
+    assert [t.key for t in evaluate._fitting(tasks, 4, rate=10.0, left=100.0)] == ["a", "b"]   # 8 x 10 x 1.25
+    assert evaluate._fitting(tasks, 4, rate=None, left=1.0) == tasks and evaluate._fitting(tasks, 4, 10.0, 0.0) == []
+
+    batches = []
+
+    def write(model, tok, chunk, *args):
+        batches.append([t.key for t in chunk])
+        return {t.key: t.key for t in chunk}
+
+    monkeypatch.setattr(evaluate, "_write_and_check", write)
+    monkeypatch.setattr(models, "load", lambda d: (None, None))
+    monkeypatch.setitem(evaluate._RATES, ("rl", "guided"), 10.0)
+    g = GenerationParams(attempts=4, batch_rows=64)
+    out = evaluate.run_model("rl", "m", tasks, g, None, None, 0, False, None, deadline=time.time() + 105)
+    assert batches == [["a", "b"], ["c", "d", "e"]] and list(out) == list("abcde")   # then its own (fast) rate
+    batches.clear()
+    assert evaluate.run_model("rl", "m", tasks, g, None, None, 0, False, None, deadline=time.time() - 1) == {}
+    monkeypatch.delitem(evaluate._RATES, ("rl", "guided"))
+    evaluate.run_model("rl", "m", tasks, g, None, None, 0, False, None, deadline=time.time() + 1)
+    assert batches == [list("abcde")]                                   # no estimate: the whole batch
+
+
 def test_every_model_writes_for_a_group_of_tasks_before_the_next(monkeypatch):
     """A step cut by its stop leaves every model's results on the same tasks: the models (and
     free sampling) take the tasks group by group, each model loaded once."""

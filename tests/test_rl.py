@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import SPEC, search_folder, tiny_model
 
@@ -66,6 +67,17 @@ def test_model_loader_handles_lora_adapters_and_says_which_base(tmp_path):
     assert models.is_adapter(tmp_path / "adapter") and models.base_of(tmp_path / "adapter") == str(base)
     model, _ = models.load(tmp_path / "adapter", trainable=True)
     assert any("lora_" in n for n, t in model.named_parameters() if t.requires_grad)
+    # for inference the adapter is merged into its base: no LoRA layers left, the same logits
+    torch.nn.init.normal_(next(p for n, p in model.named_parameters() if "lora_B" in n), std=0.5)
+    model.save_pretrained(tmp_path / "adapter")
+    kept, _ = models.load(tmp_path / "adapter", merge=False)
+    merged, _ = models.load(tmp_path / "adapter")
+    assert any("lora_" in n for n, _ in kept.named_parameters())
+    assert not any("lora_" in n for n, _ in merged.named_parameters())
+    ids = torch.tensor([tok("B matmul\nL b0 3", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        a, b, c = (m(input_ids=ids).logits for m in (kept, merged, LlamaForCausalLM.from_pretrained(base)))
+    assert torch.allclose(a, b, atol=1e-4) and not torch.allclose(a, c, atol=1e-3)
     cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(tmp_path / "gone")
     (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(cfg))
@@ -91,7 +103,7 @@ def test_grpo_as_a_lora_adapter_over_a_full_sft_model(tmp_path, cpu_target):
     files.save_model_dir(model, tok, tmp_path / "rl")
     assert models.is_adapter(tmp_path / "rl") and models.base_of(tmp_path / "rl") == str(tmp_path / "sft")
     assert not (tmp_path / "rl" / "model.safetensors").exists()
-    loaded, _ = models.load(tmp_path / "rl")
+    loaded, _ = models.load(tmp_path / "rl", merge=False)
     assert any("lora_" in n for n, _ in loaded.named_parameters())
     with pytest.raises(ParamsError, match="lora_r"):
         train_rl.RLParams(lora_r=-1)

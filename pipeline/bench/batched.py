@@ -1,13 +1,15 @@
 """Benchmark: guided generation one prompt at a time against several kernels' prompts batched.
 
     python -m pipeline.bench.batched [--model models/gpu/sft] [--params profiles/gpu.yaml] \
-        [--te C1D:0 GMM:0 ...] [--rows 4 128] [--out reports/bench_batched.json]
+        [--te C1D:0 GMM:0 ...] [--rows 4 128] [--unmerged] [--out reports/bench_batched.json]
 
 The same construction prompts (te_workload kernels on the params' search target), K guided
 scripts each, written with `batch_rows` = each value of --rows (K = one prompt a batch, as
 the evaluation wrote until session 11). Reported per setting: wall time, tokens per second,
 time spent making masks, complete scripts; scripts are not checked here (guided scripts are
 valid by construction; the evaluation checks them). On a GPU the model runs there.
+`--unmerged` (a LoRA adapter): each setting also with the adapter kept apart from its base, as
+the loader gave it before it merged adapters for inference (same seed, same scripts expected).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 from pathlib import Path
 
 
-def run(model_dir: str, params_path: str, te: list[str], rows: list[int]) -> dict:
+def run(model_dir: str, params_path: str, te: list[str], rows: list[int], unmerged: bool = False) -> dict:
     import torch
     import yaml
 
@@ -31,27 +33,35 @@ def run(model_dir: str, params_path: str, te: list[str], rows: list[int]) -> dic
     raw = yaml.safe_load(Path(params_path).read_text())
     g = P.from_dict(GenerationParams, raw["sft"]["generation"], "sft.generation")
     target = make_target(raw["search"]["target"])
-    model, tok = models.load(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = model.to(device) if device == "cuda" else model.float()
+    loaded = {}
+    for merge in [True] + ([False] if unmerged and models.is_adapter(model_dir) else []):
+        model, tok = models.load(model_dir, merge=merge)
+        loaded["merged" if merge else "kept"] = model.to(device) if device == "cuda" else model.float()
     mods = [te_module(item) for item in te]
     prompts = [construction_prompt(describe(m), target.kind.name) for m in mods]
     kernels = [(m, target) for m in mods]
-    generate(model, tok, prompts[:1], dataclasses.replace(g, attempts=1, max_new_tokens=8), kernels=kernels[:1])  # warm-up
+    for model in loaded.values():   # warm-up
+        generate(model, tok, prompts[:1], dataclasses.replace(g, attempts=1, max_new_tokens=8), kernels=kernels[:1])
     out = {"model": model_dir, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
            "target": raw["search"]["target"], "kernels": te, "attempts": g.attempts, "runs": []}
     for r in rows:
-        w = generate(model, tok, prompts, dataclasses.replace(g, batch_rows=r), seed=0, kernels=kernels)
-        complete = [c for per in w.complete for c in per]
-        run_ = {"batch_rows": r, "seconds": round(w.seconds, 2), "tokens": w.tokens,
-                "tokens_per_second": round(w.tokens / w.seconds, 1), "mask_seconds": round(w.mask_seconds, 2),
-                "complete": sum(map(bool, complete)), "scripts": len(complete), "retries": w.retries}
-        out["runs"].append(run_)
-        print(run_, flush=True)
+        for adapter, model in loaded.items():
+            w = generate(model, tok, prompts, dataclasses.replace(g, batch_rows=r), seed=0, kernels=kernels)
+            out["runs"].append(_figures(w, r, adapter if len(loaded) > 1 else None))
+            print(out["runs"][-1], flush=True)
     first = out["runs"][0]["tokens_per_second"]
     for run_ in out["runs"]:
         run_["tokens_per_second_over_first"] = round(run_["tokens_per_second"] / first, 2)
     return out
+
+
+def _figures(w, rows: int, adapter: str | None) -> dict:
+    complete = [c for per in w.complete for c in per]
+    return {"batch_rows": rows, **({"adapter": adapter} if adapter else {}), "seconds": round(w.seconds, 2),
+            "tokens": w.tokens, "tokens_per_second": round(w.tokens / w.seconds, 1),
+            "mask_seconds": round(w.mask_seconds, 2),
+            "complete": sum(map(bool, complete)), "scripts": len(complete), "retries": w.retries}
 
 
 def main() -> None:
@@ -60,13 +70,15 @@ def main() -> None:
     ap.add_argument("--params", default="profiles/gpu.yaml")
     ap.add_argument("--te", nargs="+", default=["C1D:0", "C2D:0", "GMM:0", "GRP:0", "DEP:0", "T2D:0", "NRM:0", "SFM:0"])
     ap.add_argument("--rows", nargs="+", type=int, default=[4, 128], help="batch_rows settings, the first the reference")
+    ap.add_argument("--unmerged", action="store_true", help="a LoRA adapter: also each setting with it kept apart")
     ap.add_argument("--out", default="reports/bench_batched.json")
     args = ap.parse_args()
     from pipeline import files
 
-    result = run(args.model, args.params, args.te, args.rows)
+    result = run(args.model, args.params, args.te, args.rows, args.unmerged)
     files.write_json(args.out, result)
-    print(" ; ".join(f"batch_rows {x['batch_rows']}: {x['tokens_per_second']} tokens/s "
+    print(" ; ".join(f"batch_rows {x['batch_rows']}{' ' + x['adapter'] if 'adapter' in x else ''}: "
+                     f"{x['tokens_per_second']} tokens/s "
                      f"({x['tokens_per_second_over_first']}x)" for x in result["runs"]) + f" -> {args.out}")
 
 

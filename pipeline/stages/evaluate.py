@@ -421,7 +421,9 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     for the same model files and settings are reused. `loaded`: model folder -> (model,
     tokenizer) already loaded, filled in here (one load for several calls). `pick` = (a cost
     model, K, compile check): of the `g.attempts` scripts written per prompt, the K it ranks best
-    (that compile, with the check) are checked."""
+    (that compile, with the check) are checked. With `deadline`, a batch holds only the tasks it
+    is expected to finish before it (at the seconds a row of this model's kept results, then of
+    its last batch here); the others wait for the next step."""
     from dataclasses import asdict
 
     from pipeline import models
@@ -442,13 +444,20 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"evaluate {label} ({mode})",
                disable=not progress)
     loaded = {} if loaded is None else loaded
-    for chunk in _task_chunks(todo, g.attempts, g.batch_rows):
-        if deadline is not None and time.time() > deadline:
-            break
+    rate = _RATES.get((label, mode)) or (kept_rate(p, label, mode, g.attempts) if deadline is not None else None)
+    while todo:
+        chunk = _task_chunks(todo, g.attempts, g.batch_rows)[0]
+        if deadline is not None:
+            chunk = _fitting(chunk, g.attempts, rate, deadline - time.time())
+            if not chunk:
+                break
         if model_dir not in loaded:
             loaded[model_dir] = models.load(model_dir)
         model, tok = loaded[model_dir]
+        start = time.time()
         written = _write_and_check(model, tok, chunk, g, measurer, target, seed, pick)
+        rate = _RATES[(label, mode)] = (time.time() - start) / sum(_rows(t, g.attempts) for t in chunk)
+        todo = todo[len(chunk):]
         for t in chunk:
             result = out[t.key] = written[t.key]
             if p is not None:
@@ -464,12 +473,57 @@ def _model_field(label: str, mode: str, t: Task) -> str:
     return f"model:{label}:{mode}:{'with' if t.refinements else 'no'}-refinements"
 
 
+# seconds per (prompt, attempt) row of each (model label, mode)'s last batch in this process
+_RATES: dict[tuple[str, str], float] = {}
+
+
+def _rows(t: Task, attempts: int) -> int:
+    return attempts * (1 + len(t.refinements))
+
+
+def kept_rate(p: EvalParams | None, label: str, mode: str, attempts: int) -> float | None:
+    """Seconds per (prompt, attempt) row of the model's results kept in the archive (their
+    shares of generation, ranking and checking add up to their batches' time), or None. Rows of
+    a full batch cost less than a small batch's (decoding steps are shared), so an estimate made
+    from it for a smaller batch errs short; _fitting leaves a margin."""
+    import json
+
+    if p is None or not p.archive_dir or not (Path(p.archive_dir) / "tasks").is_dir():
+        return None
+    seconds, rows = 0.0, 0
+    for path in (Path(p.archive_dir) / "tasks").glob("*.json"):
+        for field_name, kept in json.loads(path.read_text()).items():
+            r = kept.get("result", {}) if field_name.startswith(f"model:{label}:{mode}:") else {}
+            if "generation_seconds" in r and "check_seconds" in r:
+                seconds += r["generation_seconds"] + r["check_seconds"] + r.get("rank_seconds", 0.0)
+                rows += attempts * (1 + len(r.get("refinement", [])))
+    return seconds / rows if rows else None
+
+
+def _fitting(chunk: list[Task], attempts: int, rate: float | None, left: float, margin: float = 1.25) -> list[Task]:
+    """The first tasks of `chunk` whose batch is expected (at `rate` seconds a row, times `margin`)
+    to end within `left` seconds: a step's stop then ends it between two batches instead of
+    cutting one (GPU session 20 lost a 10-task batch that way). No estimate: the whole chunk
+    while any time is left."""
+    if left <= 0:
+        return []
+    if rate is None:
+        return chunk
+    fits, used = [], 0
+    for t in chunk:
+        used += _rows(t, attempts)
+        if used * rate * margin > left:
+            break
+        fits.append(t)
+    return fits
+
+
 def _task_chunks(tasks: list[Task], attempts: int, rows: int) -> list[list[Task]]:
     """Consecutive tasks whose prompts x attempts fit `rows` (at least one task a chunk)."""
     out: list[list[Task]] = []
     used = rows
     for t in tasks:
-        need = attempts * (1 + len(t.refinements))
+        need = _rows(t, attempts)
         if used + need > rows:
             out.append([])
             used = 0
@@ -865,8 +919,9 @@ def evaluate_tasks(p: EvalParams, tasks: list[Task], labels: list[str], g, measu
     """MetaSchedule, then every model in `labels` (none: MetaSchedule only), on `tasks` in this
     process with one checker: (results per model label, the candidate's free-sampling results or
     None). The models write for the tasks whose MetaSchedule run is done (its refinement prompts
-    come from it). Past `deadline` no new task is started: the results then lack some tasks (see
-    `missing`). `tune_new` False: no MetaSchedule run is started, only kept ones are read.
+    come from it). Past `deadline` no new task is started, nor a model's batch expected to end
+    past it: the results then lack some tasks (see `missing`). `tune_new` False: no MetaSchedule
+    run is started, only kept ones are read.
     `spent`: seconds per phase are added to it (MetaSchedule, each label, the cost model)."""
     spent = {} if spent is None else spent
     clock = time.perf_counter()
