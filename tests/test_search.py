@@ -126,6 +126,8 @@ def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatc
     assert list(summary["failed_workloads"].values()) == ["IndexError: Index 3 out of bounds 3"]
     errors = list(files.read_jsonl(tmp_path / "search" / "shard-0000" / "errors.jsonl"))
     assert [e["stage"] for e in errors] == ["scheduler", "scheduler"]
+    from pipeline.bench.search import scheduler_errors
+    assert scheduler_errors(str(tmp_path / "search")) == 2          # what the throughput benchmark reports
     assert calls == [[good["id"], bad], [good["id"]], [bad]] or calls == [[bad, good["id"]], [good["id"]], [bad]]
     calls.clear()
     run_search(p, progress=False)

@@ -1,7 +1,7 @@
 """Benchmark: guided generation one prompt at a time against several kernels' prompts batched.
 
     python -m pipeline.bench.batched [--model models/gpu/sft] [--params profiles/gpu.yaml] \
-        [--te C1D:0 GMM:0 ...] [--rows 4 128] [--unmerged] [--out reports/bench_batched.json]
+        [--te C1D:0 GMM:0 ...] [--rows 4 128] [--unmerged] [--profile prof.txt] [--out reports/bench_batched.json]
 
 The same construction prompts (te_workload kernels on the params' search target), K guided
 scripts each, written with `batch_rows` = each value of --rows (K = one prompt a batch, as
@@ -19,7 +19,8 @@ import dataclasses
 from pathlib import Path
 
 
-def run(model_dir: str, params_path: str, te: list[str], rows: list[int], unmerged: bool = False) -> dict:
+def run(model_dir: str, params_path: str, te: list[str], rows: list[int], unmerged: bool = False,
+        profile: str | None = None, out_path: str | None = None) -> dict:
     import torch
     import yaml
 
@@ -53,6 +54,23 @@ def run(model_dir: str, params_path: str, te: list[str], rows: list[int], unmerg
     first = out["runs"][0]["tokens_per_second"]
     for run_ in out["runs"]:
         run_["tokens_per_second_over_first"] = round(run_["tokens_per_second"] / first, 2)
+    if out_path:
+        from pipeline import files
+
+        files.write_json(out_path, out)
+    if profile:   # one more run, the first model at the last setting, under cProfile (its figures apart)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        w = generate(next(iter(loaded.values())), tok, prompts, dataclasses.replace(g, batch_rows=rows[-1]), seed=0,
+                     kernels=kernels)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
+        Path(profile).write_text(f"{_figures(w, rows[-1], None)}\n{text.getvalue()}")
     return out
 
 
@@ -71,12 +89,11 @@ def main() -> None:
     ap.add_argument("--te", nargs="+", default=["C1D:0", "C2D:0", "GMM:0", "GRP:0", "DEP:0", "T2D:0", "NRM:0", "SFM:0"])
     ap.add_argument("--rows", nargs="+", type=int, default=[4, 128], help="batch_rows settings, the first the reference")
     ap.add_argument("--unmerged", action="store_true", help="a LoRA adapter: also each setting with it kept apart")
+    ap.add_argument("--profile", default=None, metavar="TXT",
+                    help="also one run under cProfile, its 60 costliest calls written to TXT")
     ap.add_argument("--out", default="reports/bench_batched.json")
     args = ap.parse_args()
-    from pipeline import files
-
-    result = run(args.model, args.params, args.te, args.rows, args.unmerged)
-    files.write_json(args.out, result)
+    result = run(args.model, args.params, args.te, args.rows, args.unmerged, args.profile, args.out)
     print(" ; ".join(f"batch_rows {x['batch_rows']}{' ' + x['adapter'] if 'adapter' in x else ''}: "
                      f"{x['tokens_per_second']} tokens/s "
                      f"({x['tokens_per_second_over_first']}x)" for x in result["runs"]) + f" -> {args.out}")

@@ -44,6 +44,16 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return text, values
 
 
+def scheduler_errors(work_dir: str) -> int:
+    """How often TVM's task scheduler raised in the run (each time its shard's pending workloads
+    are tuned again one at a time: time outside the tuned rounds)."""
+    import json
+    from pathlib import Path
+
+    return sum(json.loads(line).get("stage") == "scheduler" for path in Path(work_dir).rglob("errors.jsonl")
+               for line in path.read_text().splitlines() if line.strip())
+
+
 def run(params_path: str, variants: list[str], workloads: int, trials: int, stop_after: float | None = None,
         out_path: str | None = None) -> dict:
     from pipeline import params as P
@@ -60,9 +70,11 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, stop
                                     work_dir=f"{tmp}/search", report=f"{tmp}/search.json", archive_dir=None,
                                     **over)
             summary = run_search(p, progress=False, stop_after=stop_after)
+            errors = scheduler_errors(f"{tmp}/search")
         row = {"variant": name, "builder_workers": p.builder_workers, "devices": p.devices,
                "min_repeat_ms": p.min_repeat_ms, **summary["this_run"],
-               "failed_trials": summary["failed_trials"], "trials": summary["trials"]}
+               "failed_trials": summary["failed_trials"], "trials": summary["trials"],
+               "scheduler_errors": errors, "failed_workloads": len(summary["failed_workloads"])}
         out["runs"].append(row)
         print({k: v for k, v in row.items() if k != "parts"}, row["parts"], flush=True)
         if out_path:     # each variant's figures kept as soon as it ends (a device call may be cut)
