@@ -5,6 +5,8 @@ kernel (+ script) -> k sampled scripts, guided by the kernel's design space by d
   the kernel's design space, so each script decodes, applies and is complete by construction.
   A complete script that a postprocessor still rejects (CUDA shared memory, which the masks do
   not track) is written again, at most `retries` times per attempt; the retries are counted.
+  A rejected attempt's rewrites are sampled `retry_rows` at a time and the first that passes is
+  kept (what writing them one after another gives, in fewer decoding passes).
 - free (`guided: false`, `optimize --free`): plain sampling, so the model's own validity
   stays visible; its figures are reported beside the guided ones.
 """
@@ -28,6 +30,7 @@ class GenerationParams:
     guided: bool = True        # design-space-guided decoding (pipeline.guided)
     retries: int = 2           # per attempt: rewrite a complete script that postprocessing rejects
     batch_rows: int = 64       # (prompt, attempt) rows sampled together in one batch
+    retry_rows: int = 4        # rewrites of a rejected attempt sampled at once (the first that passes is kept)
 
     def __post_init__(self):
         from pipeline import params as P
@@ -36,6 +39,18 @@ class GenerationParams:
         P.require(self.max_new_tokens >= 1, "generation.max_new_tokens must be >= 1")
         P.require(self.retries >= 0, "generation.retries must be >= 0")
         P.require(self.batch_rows >= 1, "generation.batch_rows must be >= 1 (rows sampled together)")
+        P.require(self.retry_rows >= 1, "generation.retry_rows must be >= 1 (rewrites sampled at once)")
+
+
+# How rows are grouped into batches, not what is sampled: results kept under other values still count
+GROUPING = ("batch_rows", "retry_rows")
+
+
+def sampling_key(g: GenerationParams) -> dict:
+    """The settings that decide what a generation samples (a kept result's key)."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(g).items() if k not in GROUPING}
 
 
 @dataclass
@@ -120,35 +135,52 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
         if id(mod) not in templates:
             templates[id(mod)] = guided.make_templates(mod, target)
     out.complete = [[False] * g.attempts for _ in range(n)]
-    todo = rows
-    for round_ in range(g.retries + 1):
-        if not todo:
-            break
-        retry = []
-        for chunk in _chunks(todo, g.batch_rows):
-            cons = [guided.ScriptConstraint(*kernels[i], vocab, templates[id(kernels[i][0])]) for i, _ in chunk]
+    left = {row: g.retries for row in rows}      # rewrites each (prompt, attempt) may still take
+    todo = [(row, 1, False) for row in rows]     # (row, copies to sample this round, are they rewrites)
+    while todo:
+        # a rejected attempt's next rewrites are sampled side by side (`retry_rows` of them) and the
+        # first that passes is kept, as if they had been written one after another: on a GPU a
+        # decoding step costs about the same for 4 rows as for 1, a round of rewrites a whole pass
+        copies = [(row, j, rewrite) for row, m, rewrite in todo for j in range(m)]
+        last = {row: j for row, j, _ in copies}   # the row's last copy this round
+        written = []                              # per copy: (constraint, token ids, text)
+        for chunk in _chunks(copies, g.batch_rows):
+            cons = [guided.ScriptConstraint(*kernels[i], vocab, templates[id(kernels[i][0])]) for (i, _), _, _ in chunk]
             proc = guided.GuidedLogits(cons, 0, g.temperature, g.top_p, lease)
-            ids = _sample(model, tokenizer, [prompts[i] for i, _ in chunk], g, proc)
+            ids = _sample(model, tokenizer, [prompts[i] for (i, _), _, _ in chunk], g, proc)
             out.mask_seconds += proc.mask_seconds
-            out.tokens += sum(len(x) for x in ids)
-            for (i, k), c, x in zip(chunk, cons, ids):
+            for ((i, _), _, _), c, x in zip(chunk, cons, ids):
+                out.tokens += len(x)
                 out.prompt_tokens[i] += len(x)
                 if x and x[-1] == tokenizer.eos_token_id and not c.done:
                     c.feed(x[-1])    # generation stopped at this EOS before the processor saw it
                 c.close()
-                out.scripts[i][k] = clean(tokenizer.decode(x, skip_special_tokens=True))
-                out.complete[i][k], out.token_ids[i][k] = c.complete, x
-            if round_ < g.retries:     # a complete script that postprocessing rejects is written again
-                check = [(i, k) for i, k in chunk if out.complete[i][k]]
-                pp_start = time.perf_counter()
-                with lease.paused() if lease is not None else contextlib.nullcontext():   # host-only work
-                    ok = _postprocess_many([(kernels[i][0], out.scripts[i][k], kernels[i][1]) for i, k in check])
-                out.postprocess_seconds += time.perf_counter() - pp_start
-                retry += [row for row, good in zip(check, ok) if not good]
-        out.retries += len(retry)
-        for i, _ in retry:
-            out.prompt_retries[i] += 1
-        todo = retry
+                written.append((c, x, clean(tokenizer.decode(x, skip_special_tokens=True))))
+        # after a copy, the rewrites its row would have left: only then is it worth checking
+        after = [left[row] - (j + 1 if rewrite else 0) for row, j, rewrite in copies]
+        check = [q for q, (c, _, _) in enumerate(written) if c.complete and after[q] > 0]
+        passed: dict[int, bool] = {}
+        if check:
+            pp_start = time.perf_counter()
+            with lease.paused() if lease is not None else contextlib.nullcontext():   # host-only work
+                ok = _postprocess_many([(kernels[copies[q][0][0]][0], written[q][2], kernels[copies[q][0][0]][1])
+                                        for q in check])
+            out.postprocess_seconds += time.perf_counter() - pp_start
+            passed = dict(zip(check, ok))
+        todo, done = [], set()
+        for q, ((i, k), j, rewrite) in enumerate(copies):
+            if (i, k) in done:
+                continue             # an earlier copy of this row was kept
+            c, x, text = written[q]
+            out.scripts[i][k], out.complete[i][k], out.token_ids[i][k] = text, c.complete, x
+            if rewrite:
+                out.retries += 1
+                out.prompt_retries[i] += 1
+            if not c.complete or after[q] <= 0 or passed.get(q, False):
+                done.add((i, k))     # kept: incomplete, out of rewrites, or accepted
+            elif j == last[(i, k)]:  # every copy rejected: more rewrites next round
+                left[(i, k)] = after[q]
+                todo.append(((i, k), min(g.retry_rows, after[q]), True))
     out.seconds = time.perf_counter() - start
     return out
 

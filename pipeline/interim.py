@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import tarfile
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline import files
@@ -47,11 +47,12 @@ def collect(p: E.EvalParams, g, labels: list[str]) -> tuple[list[E.Task], dict, 
     untimed te_workload kernel; per label the results kept for the current model files and
     generation settings; the candidate's free-sampling results kept for them; how many tasks
     the archive knows)."""
+    from pipeline.generate import sampling_key
     from pipeline.registry import model_digest
 
     archive = Path(p.archive_dir)
     test = {r["workload"] for r in files.read_jsonl(Path(p.dataset_dir) / "test.jsonl")}
-    gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
+    gen = sampling_key(g)
     digests = {label: model_digest(p.models[label]) for label in labels}
     # label -> (the key its kept results must carry): the models, and the candidate with a cost model
     expect = {label: {"model": digests[label], "generation": gen} for label in labels}

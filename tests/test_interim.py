@@ -1,13 +1,11 @@
 """`evaluate --interim`: an evaluation in steps read from its archive alone, before it is done."""
 
 import json
-from dataclasses import asdict
-
 import pytest
 import yaml
 
 from pipeline.cli import main
-from pipeline.generate import GenerationParams
+from pipeline.generate import GenerationParams, sampling_key
 from pipeline.registry import model_digest
 from pipeline.verify import Outcome
 
@@ -62,14 +60,14 @@ def _setup(tmp_path, generation: dict):
     raw["evaluate"].update(models=models, candidate="rl", dataset_dir=str(tmp_path / "dataset"), attempts=2,
                            archive_dir=str(tmp_path / "archive"), te_suite=["GMM:0"], te_timed=[],
                            catalog_workloads=3, metrics=str(tmp_path / "reports" / "metrics.json"))
-    raw["sft"]["generation"] = {**generation, "batch_rows": 7}     # batching is not part of a result's identity
+    raw["sft"]["generation"] = {**generation, "batch_rows": 7, "retry_rows": 2}   # batching: not a result's identity
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     return params
 
 
 def test_interim_figures_per_model_over_the_tasks_it_finished(tmp_path, capsys):
-    g = {k: v for k, v in asdict(GenerationParams(attempts=2)).items() if k != "batch_rows"}
+    g = sampling_key(GenerationParams(attempts=2))
     params = _setup(tmp_path, g)
     assert main(["--params", str(params), "evaluate", "--interim"]) == 0
     out = json.loads((tmp_path / "reports" / "interim.json").read_text())
@@ -92,7 +90,7 @@ def test_interim_figures_per_model_over_the_tasks_it_finished(tmp_path, capsys):
 
 
 def test_interim_without_kept_results_is_a_one_line_error(tmp_path, capsys):
-    g = {k: v for k, v in asdict(GenerationParams(attempts=2, temperature=0.3)).items() if k != "batch_rows"}
+    g = sampling_key(GenerationParams(attempts=2, temperature=0.3))
     params = _setup(tmp_path, g)
     raw = yaml.safe_load(params.read_text())
     raw["sft"]["generation"]["temperature"] = 0.9          # other settings: every kept result is stale

@@ -1,5 +1,7 @@
 """SFT: a tiny from-scratch model and a tiny 'pretrained' base with LoRA, trained for real."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -114,6 +116,37 @@ def test_several_kernels_prompts_are_written_in_one_batch(tmp_path, matmul_mod, 
     assert tok.padding_side == side            # the batch's left padding does not leak into the tokenizer
     with pytest.raises(ParamsError, match="batch_rows"):
         GenerationParams(batch_rows=0)
+
+
+def test_rejected_attempts_are_rewritten_several_at_a_time(tmp_path, matmul_mod, cpu_target, monkeypatch):
+    """A complete script that postprocessing rejects is written again, its rewrites sampled
+    `retry_rows` at a time, the first that passes kept: the rewrites counted are those writing
+    them one after another takes, in fewer decoding passes; out of rewrites, the last is kept."""
+    from pipeline import generate as G
+
+    p = _params(tmp_path, sft_steps=10, pretrain_steps=0)
+    model, tok, _, _ = train_sft.train(p, ROWS, CORPUS, progress=False)
+    real_sample, passes, verdicts = G._sample, [], []
+    monkeypatch.setattr(G, "_sample", lambda *a, **k: passes.append(len(a[2])) or real_sample(*a, **k))
+
+    def postprocess(items):            # the first `rejected` checks fail, the rest pass
+        out = [len(verdicts) + q >= rejected for q in range(len(items))]
+        verdicts.extend(out)
+        return out
+
+    monkeypatch.setattr(G, "_postprocess_many", postprocess)
+    for rejected, retry_rows, want_passes, want_retries in [(3, 4, [1, 4], 3), (3, 1, [1, 1, 1, 1], 3),
+                                                            (99, 4, [1, 4, 1], 5)]:
+        passes.clear()
+        verdicts.clear()
+        g = GenerationParams(attempts=1, retries=5, max_new_tokens=600, retry_rows=retry_rows)
+        w = G.generate(model, tok, [ROWS[0]["prompt"]], g, kernels=[(matmul_mod, cpu_target)])
+        assert (passes, w.retries, w.prompt_retries) == (want_passes, want_retries, [want_retries])
+        assert w.complete == [[True]] and w.tokens == sum(w.prompt_tokens) > 0
+    assert len(verdicts) == 5          # out of rewrites, the last one is kept without a check
+    assert G.sampling_key(g) == G.sampling_key(dataclasses.replace(g, retry_rows=2, batch_rows=8))
+    with pytest.raises(ParamsError, match="retry_rows"):
+        GenerationParams(retry_rows=0)
 
 
 def test_clean_stops_at_blank_line():

@@ -424,14 +424,12 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     (that compile, with the check) are checked. With `deadline`, a batch holds only the tasks it
     is expected to finish before it (at the seconds a row of this model's kept results, then of
     its last batch here); the others wait for the next step."""
-    from dataclasses import asdict
-
     from pipeline import models
+    from pipeline.generate import sampling_key
     from pipeline.registry import model_digest
 
     mode = "guided" if g.guided else "free"
-    # batch_rows changes how rows are grouped, not what is sampled: results kept before it count
-    gen = {k: v for k, v in asdict(g).items() if k != "batch_rows"}
+    gen = sampling_key(g)    # without how rows are grouped: results kept before a change of it count
     key = {"model": model_digest(model_dir) if p is not None and p.archive_dir else None, "generation": gen,
            "refinements": None, **(pick_key(pick[1], pick[2]) if pick else {})}
     out, todo = {}, []
