@@ -48,6 +48,8 @@ class Phases:
     measure_busy_s: float = 0.0
     # outside the tuning (the search stage): the workloads' DLight baselines, built and timed
     baseline_s: float = 0.0
+    # tuning runs that TVM's task scheduler ended by raising (their measured records are kept)
+    failed_run_s: float = 0.0
 
     @property
     def other_s(self) -> float:
@@ -62,7 +64,7 @@ class Phases:
 
     def add(self, other: "Phases") -> None:
         for k in ("seconds", "build_s", "run_s", "run_wait_s", "rounds", "candidates", "lock_wait_s",
-                  "build_busy_s", "measure_busy_s", "baseline_s"):
+                  "build_busy_s", "measure_busy_s", "baseline_s", "failed_run_s"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def to_json(self) -> dict:

@@ -1,6 +1,7 @@
 """The search stage on a real (tiny) MetaSchedule run on the CPU."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,7 @@ def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatc
     def flaky(p_, target, shard_dir, pending, bar, pool=None):
         calls.append([s.id for s, _, _ in pending])
         if bad in calls[-1]:
+            time.sleep(0.2)
             raise IndexError("Index 3 out of bounds 3")
         return real(p_, target, shard_dir, pending, bar, pool)
 
@@ -128,6 +130,7 @@ def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatc
     assert [e["stage"] for e in errors] == ["scheduler", "scheduler"]
     from pipeline.bench.search import scheduler_errors
     assert scheduler_errors(str(tmp_path / "search")) == 2          # what the throughput benchmark reports
+    assert summary["this_run"]["parts"][0]["failed_run_s"] >= 0.4      # the failed runs' time, apart
     assert calls == [[good["id"], bad], [good["id"]], [bad]] or calls == [[bad, good["id"]], [good["id"]], [bad]]
     calls.clear()
     run_search(p, progress=False)

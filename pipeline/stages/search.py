@@ -239,17 +239,21 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
     pending = _pending(p, shard_dir, shard, entries)
     if not pending:
         return phases
+    start = time.perf_counter()
     try:
         phases.add(_tune_shard(p, target, shard_dir, pending, bar, pool))
         _mark_exhausted(p, shard_dir, pending)
         return phases
     except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
+        phases.failed_run_s += time.perf_counter() - start
         _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in pending], err)
     for one in _pending(p, shard_dir, shard, entries):
+        start = time.perf_counter()
         try:
             phases.add(_tune_shard(p, target, shard_dir, [one], bar, pool))
             _mark_exhausted(p, shard_dir, [one])
         except Exception as err:   # noqa: BLE001
+            phases.failed_run_s += time.perf_counter() - start
             _log_scheduler_error(shard_dir, [one[0].id], err)
             failed = _failed(shard_dir)
             failed[one[1]] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"[:500]
