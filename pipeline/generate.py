@@ -143,6 +143,7 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
         # decoding step costs about the same for 4 rows as for 1, a round of rewrites a whole pass
         copies = [(row, j, rewrite) for row, m, rewrite in todo for j in range(m)]
         last = {row: j for row, j, _ in copies}   # the row's last copy this round
+        kernel_of = [kernels[i] for (i, _), _, _ in copies]   # (mod, target) of each copy
         written = []                              # per copy: (constraint, token ids, text)
         for chunk in _chunks(copies, g.batch_rows):
             cons = [guided.ScriptConstraint(*kernels[i], vocab, templates[id(kernels[i][0])]) for (i, _), _, _ in chunk]
@@ -163,8 +164,7 @@ def generate(model, tokenizer, prompts: list[str], g: GenerationParams, seed: in
         if check:
             pp_start = time.perf_counter()
             with lease.paused() if lease is not None else contextlib.nullcontext():   # host-only work
-                ok = _postprocess_many([(kernels[copies[q][0][0]][0], written[q][2], kernels[copies[q][0][0]][1])
-                                        for q in check])
+                ok = _postprocess_many([(kernel_of[q][0], written[q][2], kernel_of[q][1]) for q in check])
             out.postprocess_seconds += time.perf_counter() - pp_start
             passed = dict(zip(check, ok))
         todo, done = [], set()
