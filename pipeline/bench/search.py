@@ -47,11 +47,12 @@ def parse_variant(text: str) -> tuple[str, dict]:
 def scheduler_errors(work_dir: str) -> int:
     """How often TVM's task scheduler raised in the run (each time its shard's pending workloads
     are tuned again one at a time: time outside the tuned rounds)."""
-    import json
     from pathlib import Path
 
-    return sum(json.loads(line).get("stage") == "scheduler" for path in Path(work_dir).rglob("errors.jsonl")
-               for line in path.read_text().splitlines() if line.strip())
+    from pipeline import files
+
+    return sum(e.get("stage") == "scheduler" for path in Path(work_dir).rglob("errors.jsonl")
+               for e in files.read_jsonl(path))
 
 
 def run(params_path: str, variants: list[str], workloads: int, trials: int, stop_after: float | None = None,

@@ -442,7 +442,9 @@ def run_model(label: str, model_dir: str, tasks: list[Task], g, measurer: Measur
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"evaluate {label} ({mode})",
                disable=not progress)
     loaded = {} if loaded is None else loaded
-    rate = _RATES.get((label, mode)) or (kept_rate(p, label, mode, g.attempts) if deadline is not None else None)
+    rate = _RATES.get((label, mode))
+    if rate is None and todo and deadline is not None:   # the archive read only when a batch may be cut
+        rate = kept_rate(p, label, mode, g.attempts)
     while todo:
         chunk = _task_chunks(todo, g.attempts, g.batch_rows)[0]
         if deadline is not None:
