@@ -42,8 +42,10 @@ def run(model_dir: str, params_path: str, te: list[str], rows: list[int], unmerg
     mods = [te_module(item) for item in te]
     prompts = [construction_prompt(describe(m), target.kind.name) for m in mods]
     kernels = [(m, target) for m in mods]
-    for model in loaded.values():   # warm-up
-        generate(model, tok, prompts[:1], dataclasses.replace(g, attempts=1, max_new_tokens=8), kernels=kernels[:1])
+    # warm-up: every prompt once with each model, untimed (on the H200 an 8-token warm-up left the first
+    # timed run at 79 s against 23-24 s for the same run after it: reports/bench_batched_merge_h200.json)
+    for model in loaded.values():
+        generate(model, tok, prompts, dataclasses.replace(g, attempts=1, batch_rows=rows[0]), kernels=kernels)
     out = {"model": model_dir, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
            "target": raw["search"]["target"], "kernels": te, "attempts": g.attempts, "runs": []}
     for r in rows:
