@@ -46,8 +46,11 @@ class Phases:
     # with overlap: wall time with builds in flight / with the runner measuring (beside the rest)
     build_busy_s: float = 0.0
     measure_busy_s: float = 0.0
-    # outside the tuning (the search stage): the workloads' DLight baselines, built and timed
+    # outside the tuning (the search stage): the workloads' DLight baselines, built and timed (with
+    # overlap, beside the next shard's tuning: then only the wait for the last shard's counts here,
+    # and `baseline_beside_s` is their time on their own thread)
     baseline_s: float = 0.0
+    baseline_beside_s: float = 0.0
     # tuning runs that TVM's task scheduler ended by raising (their measured records are kept)
     failed_run_s: float = 0.0
 
@@ -64,7 +67,7 @@ class Phases:
 
     def add(self, other: "Phases") -> None:
         for k in ("seconds", "build_s", "run_s", "run_wait_s", "rounds", "candidates", "lock_wait_s",
-                  "build_busy_s", "measure_busy_s", "baseline_s", "failed_run_s"):
+                  "build_busy_s", "measure_busy_s", "baseline_s", "baseline_beside_s", "failed_run_s"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def to_json(self) -> dict:

@@ -1,6 +1,8 @@
 """Overlapped building and measuring (pipeline/overlap.py) on real MetaSchedule runs with the
 CUDA target, which lowers and builds here; the GPU's measurements are stood in for."""
 
+import json
+
 import pytest
 
 from pipeline import files
@@ -66,6 +68,10 @@ def test_a_failed_build_is_a_failed_record_logged_as_a_build_error(tmp_path):
     assert len(errors) == summary["trials"] == summary["failed_trials"] >= 4
     assert all(e["stage"] == "build" and e["error"].startswith("LocalBuilder: Timeout") for e in errors)
     assert summary["this_run"]["overlap"] is True
+    # the DLight baseline was built and timed on a thread beside the tuning (no GPU here: its error)
+    (baseline,) = json.loads((tmp_path / "search" / "shard-0000" / "baselines.json").read_text()).values()
+    assert baseline["latency_s"] or baseline["error"].startswith("no cuda device")
+    assert next(files.read_jsonl(tmp_path / "search" / "throughput.jsonl"))["baselines_beside"] is True
 
 
 def test_overlap_is_refused_where_it_would_time_cpu_kernels_beside_builds(tmp_path, matmul_mod, cpu_target):

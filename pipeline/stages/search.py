@@ -34,8 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import archive, cluster, device_lock, files, overlap, params as P, records, tuning
-from pipeline.measure import measure_baseline
+from pipeline import archive, baselines, cluster, device_lock, files, overlap, params as P, records, tuning
 from pipeline.tuning import Phases
 from pipeline.tvm_env import make_target, ms, structural_hash, tvm
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
@@ -69,6 +68,9 @@ class SearchParams:
     # GPU targets: build and measure a task's batch while the next task searches (pipeline/overlap.py;
     # MetaSchedule does the three in turn). Needs the persistent builder.
     overlap: bool = False
+    # with overlap: each shard's DLight baselines built and timed on a thread beside the next
+    # shard's tuning, behind the device lock (pipeline/baselines.py); false: after its tuning
+    baselines_beside: bool = True
     # GPUs measuring at once: one process per entry over alternate shards, builder workers and
     # cores split between them ([]: one process on the default device). A GPU listed twice
     # ([0, 0]) gets two processes whose measurements take turns (pipeline.device_lock): one
@@ -270,7 +272,8 @@ def _log_scheduler_error(shard_dir: Path, workloads: list[str], err: BaseExcepti
 def summarize_shard(shard_dir: Path) -> list[dict]:
     """Per workload: trials, failures and best latency, from the shard's database."""
     workloads = json.loads((shard_dir / "workloads.json").read_text())
-    baselines = json.loads((shard_dir / "baselines.json").read_text()) if (shard_dir / "baselines.json").exists() else {}
+    path = shard_dir / "baselines.json"
+    timed = json.loads(path.read_text()) if path.exists() else {}
     stats = {w["hash"]: {"trials": 0, "failed": 0, "best_s": None} for w in workloads}
     for ref in records.scan(shard_dir):
         s = stats.get(ref.workload_hash)
@@ -283,7 +286,7 @@ def summarize_shard(shard_dir: Path) -> list[dict]:
             s["best_s"] = ref.latency_s
     rows = []
     for w in workloads:
-        row = {**w, **stats[w["hash"]], "baseline_s": baselines.get(w["id"], {}).get("latency_s")}
+        row = {**w, **stats[w["hash"]], "baseline_s": timed.get(w["id"], {}).get("latency_s")}
         if row["best_s"] and row["baseline_s"]:
             row["speedup"] = row["baseline_s"] / row["best_s"]
         rows.append(row)
@@ -320,34 +323,31 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     pool = kind(p.builder_workers, p.build_timeout_s, Phases()) if p.persistent_builder else None
     bar = tqdm(total=_remaining(p, plan), desc=f"search{part}", unit="trial", disable=not progress,
                position=position, dynamic_ncols=True)
-    for shard_dir, shard, entries in plan:
-        if deadline is not None and time.time() > deadline:
-            break          # --stop-after: the next run resumes here
-        bar.set_postfix_str(shard_dir.name)
-        done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool)
-        baselines_path = shard_dir / "baselines.json"
-        baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
-        missing = [spec for spec in shard if spec.id not in baselines]
-        start = time.perf_counter()
-        for spec in missing:
-            t = measure_baseline(build(spec), target)
-            baselines[spec.id] = {"latency_s": t.latency_s, "error": t.error}
-        if missing or not baselines_path.exists():
-            files.write_json(baselines_path, baselines)
-        done.baseline_s = time.perf_counter() - start
-        if done.candidates:
-            phases.add(done)
-            files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
-                "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
-                "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
-                "first_round": p.first_round, "overlap": p.overlap,
-                "trials_per_iter": p.trials_per_iter, **done.to_json()})
-        if p.archive_dir:
-            archive.save(shard_dir, Path(p.archive_dir))
-    bar.close()
-    if pool is not None:
-        pool.shutdown()
+    # overlapped, a shard's DLight baselines are built and timed beside the next shard's tuning
+    lock = Path(p.work_dir).resolve() / f".baselines-{os.getpid()}.lock"
+    with baselines.Timer(target, beside=p.overlap and p.baselines_beside, lock_path=lock) as timer:
+        for shard_dir, shard, entries in plan:
+            if deadline is not None and time.time() > deadline:
+                break          # --stop-after: the next run resumes here
+            bar.set_postfix_str(shard_dir.name)
+            done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool)
+            save = (lambda d=shard_dir: archive.save(d, Path(p.archive_dir))) if p.archive_dir else None
+            if save:
+                save()         # the databases kept before the baselines are timed
+            done.baseline_s = timer.submit(shard_dir, shard, then=save)
+            if done.candidates:
+                phases.add(done)
+                files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
+                    "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
+                    "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
+                    "first_round": p.first_round, "overlap": p.overlap, "baselines_beside": timer.beside,
+                    "trials_per_iter": p.trials_per_iter, **done.to_json()})
+        bar.close()
+        if pool is not None:
+            pool.shutdown()
+        phases.baseline_s += timer.wait()     # beside: only what the last shard's baselines kept us waiting
+        phases.baseline_beside_s = timer.background_s
     return phases
 
 
@@ -412,7 +412,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
                      "devices": p.devices, "builder_workers": p.builder_workers,
                      "persistent_builder": p.persistent_builder, "overlap": p.overlap,
-                     "remaining_trials": _remaining(p, plan), "parts": parts},
+                     "baselines_beside": p.overlap and p.baselines_beside, "remaining_trials": _remaining(p, plan), "parts": parts},
         "per_workload": rows,
     }
     files.write_json(p.report, summary)
