@@ -87,6 +87,9 @@ def test_interim_figures_per_model_over_the_tasks_it_finished(tmp_path, capsys):
     md = (tmp_path / "reports" / "interim.md").read_text()
     assert "interim: rl 1, sft 3 of 5 tasks" in md and "| a | test |" in md and "Free sampling (rl" in md
     assert "rl on 1 of 5 tasks" in capsys.readouterr().out
+    # the per-task plot, linked from the report
+    assert (tmp_path / "reports" / "interim_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert "](interim_speedup.png)" in md
 
 
 def test_interim_without_kept_results_is_a_one_line_error(tmp_path, capsys):
