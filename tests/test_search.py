@@ -361,3 +361,12 @@ def test_a_cluster_search_past_its_stop_after_leaves_its_shards(tmp_path):
     assert all(r["skipped"] == "past --stop-after" for r in parts)
     assert summary["this_run"]["measured"] == 0 and summary["this_run"]["remaining_trials"] == 16
 
+
+
+def test_bench_search_says_how_much_of_a_run_was_outside_its_parts():
+    from pipeline.bench.search import outside_parts
+
+    row = {"seconds": 102.9, "parts": [{"seconds": 71.4, "failed_run_s": 0.0, "baseline_s": 12.9},
+                                       {"seconds": 56.3, "failed_run_s": 13.7, "baseline_s": 4.1}]}
+    assert outside_parts(row) == 18.6
+    assert outside_parts({"seconds": 10.0, "parts": []}) is None

@@ -55,6 +55,17 @@ def scheduler_errors(work_dir: str) -> int:
                for e in files.read_jsonl(path))
 
 
+def outside_parts(row: dict) -> float | None:
+    """Seconds of the run outside its longest part's own time (tuning, failed tuning runs, the
+    baselines it waited for): process start-up, TVM imports, build pools starting and stopping.
+    A campaign pays them once; a short benchmark run pays them in its candidates per minute."""
+    parts = row.get("parts") or []
+    if not parts or not row.get("seconds"):
+        return None
+    longest = max(q.get("seconds", 0) + q.get("failed_run_s", 0) + q.get("baseline_s", 0) for q in parts)
+    return round(max(0.0, row["seconds"] - longest), 1)
+
+
 def run(params_path: str, variants: list[str], workloads: int, trials: int, stop_after: float | None = None,
         out_path: str | None = None) -> dict:
     from pipeline import params as P
@@ -76,6 +87,7 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, stop
                "min_repeat_ms": p.min_repeat_ms, **summary["this_run"],
                "failed_trials": summary["failed_trials"], "trials": summary["trials"],
                "scheduler_errors": errors, "failed_workloads": len(summary["failed_workloads"])}
+        row["outside_parts_s"] = outside_parts(row)
         out["runs"].append(row)
         print({k: v for k, v in row.items() if k != "parts"}, row["parts"], flush=True)
         if out_path:     # each variant's figures kept as soon as it ends (a device call may be cut)
