@@ -128,45 +128,10 @@ def report(params_path: str) -> dict:
             out["rl_vs_sft"] = E.rl_vs_sft(results["rl"], results["sft"], both)
     base = Path(p.metrics).parent
     files.write_json(base / "interim.json", out)
-    out_plot = _plot(out, base / "interim_speedup.png")
+    out_plot = E.speedup_plot(per_model, candidate, p.attempts, p.metaschedule_trials, base / "interim_speedup.png",
+                              f"per task, in the order of {candidate}'s speedup (interim); no point: no correct script")
     _markdown(out, base / "interim.md", out_plot)
     return out
-
-
-def _plot(m: dict, path: Path) -> str | None:
-    """Speedup over the baseline per task (log scale), each model's best of K and MetaSchedule's
-    best of its first K and of its whole run, tasks in the order of the candidate's speedup."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    def ratio(a, b):
-        return a / b if a and b else None
-
-    first = m["per_model"][m["candidate"]]["per_task"]
-    rows = sorted((t for t in first if t.get("baseline_s")), key=lambda t: t.get("speedup") or 0)
-    if not rows:
-        return None
-    x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.22 * len(rows) + 2), 4.2))
-    ax.plot(x, [ratio(t["baseline_s"], t.get("metaschedule_full_s")) for t in rows], "k_", ms=9,
-            label=f"MetaSchedule@{m['metaschedule_trials']}")
-    ax.plot(x, [ratio(t["baseline_s"], t.get("metaschedule_at_k_s")) for t in rows], "x", color="gray",
-            label=f"MetaSchedule@{m['attempts']}")
-    for label, res in m["per_model"].items():
-        by_task = {t["task"]: t.get("speedup") for t in res["per_task"]}
-        ax.plot(x, [by_task.get(t["task"]) for t in rows], "o", ms=4, alpha=0.8, label=label)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(list(x), [t["task"] for t in rows], rotation=90, fontsize=6)
-    ax.set_ylabel("speedup over the baseline (best of K)")
-    ax.set_title(f"per task, in the order of {m['candidate']}'s speedup (interim)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
 
 
 def _markdown(m: dict, path: Path, plot: str | None = None) -> None:

@@ -150,4 +150,6 @@ def test_the_candidate_with_a_cost_model_is_reported_beside_it(tmp_path, cpu_tar
     assert m["models"]["rl"]["construction"]["attempts"] == 2
     assert "model:rl:guided:with-refinements" in kept or "model:rl:guided:no-refinements" in kept
     assert m["candidate"] == "rl" and m["construction"] == m["models"]["rl"]["construction"]
+    # one plot column a task, every model (the cost model's picks too) beside MetaSchedule
+    assert (tmp_path / "eval_speedup.png").read_bytes()[:4] == b"\x89PNG"
 
