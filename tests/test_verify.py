@@ -142,3 +142,23 @@ def test_the_gpu_less_compile_check_rejects_what_the_h200s_nvcc_rejected(cuda_ta
         checker.close()
     assert [o.stage for o in here] == there
     assert all("nvcc" in o.error for o in here[:3])
+
+
+def test_a_kernels_reference_is_timed_once_per_checker(matmul_mod, cpu_target):
+    """Scripts of one kernel spread over several workers share the reference's one timing (each
+    worker still computes its output to compare against); another kernel gets its own."""
+    from pipeline.workloads import Spec, build
+
+    texts = [encode(matmul_mod, s.trace, cpu_target) for s in sample_many(matmul_mod, cpu_target, 4, seed=3)]
+    other = build(Spec("matmul", (8, 32, 48), "float32"))
+    other_text = encode(other, sample_many(other, cpu_target, 1, seed=1)[0].trace, cpu_target)
+    checker = Checker(timeout_s=60, workers=2)
+    try:
+        outs = checker.check_pairs([(matmul_mod, t) for t in texts] + [(other, other_text)],
+                                   {"kind": "llvm", "num-cores": 2}, timed=True)
+        workers = len(checker._workers)
+    finally:
+        checker.close()
+    assert all(o.stage == "ok" and o.latency_s > 0 for o in outs) and workers == 2
+    assert len({o.baseline_s for o in outs[:4]}) == 1 and outs[0].baseline_s > 0
+    assert outs[4].baseline_s > 0 and outs[4].baseline_s != outs[0].baseline_s
