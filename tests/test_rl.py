@@ -145,3 +145,36 @@ def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatc
     # vanishingly rare; with one group of 2 it happened in CI and the adapter rightly stayed put
     assert second["per_step"][1]["reward_spread"] > 0, second["per_step"][1]
     assert any(not (after_first[k] == after_second[k]).all() for k in after_first)   # trained further
+
+
+def test_a_steps_rollouts_are_written_in_one_batch(tmp_path, cpu_target, monkeypatch):
+    """Two prompts' groups of completions (the sampler's order: each prompt repeated in a row) come
+    from one guided generation, in the order asked, each row its own prompt's tokens."""
+    from types import SimpleNamespace
+
+    from pipeline import generate as gen
+    from pipeline.describe import describe
+    from pipeline.prompts import construction_prompt
+    from pipeline.workloads import Spec, build
+
+    prompt = tiny_model(tmp_path / "sft", cpu_target)
+    other = build(Spec("matmul", (8, 32, 48), "float32"))
+    prompt2 = construction_prompt(describe(other), "llvm")
+    model, tok = models.load(tmp_path / "sft")
+    calls = []
+    real = gen.generate
+    monkeypatch.setattr(gen, "generate", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    rollout = train_rl.guided_rollout({prompt: (build(SPEC), cpu_target), prompt2: (other, cpu_target)},
+                                      1.0, 1.0, 400)
+    out = rollout([prompt, prompt, prompt2, prompt2], SimpleNamespace(model=model, processing_class=tok,
+                                                                      state=SimpleNamespace(global_step=0)))
+    assert calls == [2]                                   # both groups in one generate call
+    assert len(out["completion_ids"]) == len(out["complete"]) == 4 and all(out["complete"])
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in (prompt, prompt2)]
+    assert out["prompt_ids"] == [ids[0], ids[0], ids[1], ids[1]]
+    texts = [tok.decode(c, skip_special_tokens=True) for c in out["completion_ids"]]
+    from pipeline.guided import in_space
+
+    # each row written for its own prompt's kernel (the guided decoder walked that kernel's sketch)
+    assert all(in_space(build(SPEC), cpu_target, t) for t in texts[:2])
+    assert all(in_space(other, cpu_target, t) for t in texts[2:])
