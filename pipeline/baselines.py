@@ -86,3 +86,4 @@ class Timer:
             self._pool.shutdown(wait=kind is None, cancel_futures=kind is not None)
         if self._env:
             os.environ.pop(device_lock.ENV, None)
+            Path(self.lock_path).unlink(missing_ok=True)

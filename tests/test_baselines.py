@@ -50,7 +50,7 @@ def test_beside_waits_for_the_device_lock_and_writes_when_done(tmp_path, cpu_tar
         assert {s.id for s in SHARD} == set(_timed(tmp_path)) and calls == [1]
         assert all(v["latency_s"] > 0 for v in _timed(tmp_path).values())
         assert timer.background_s > 0
-    assert os.environ.get(device_lock.ENV) is None
+    assert os.environ.get(device_lock.ENV) is None and not lock.exists()     # the process's own lock: removed
 
 
 def test_a_shared_gpus_lock_is_kept_and_a_known_baseline_not_timed_again(tmp_path, cpu_target, monkeypatch):
