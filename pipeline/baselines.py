@@ -47,11 +47,11 @@ class Timer:
         self.target, self.beside, self.lock_path = target, beside, str(lock_path)
         self.background_s = 0.0        # time spent on a thread beside the tuning
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="baselines") if beside else None
-        self._futures, self._env = [], None
+        self._futures, self._own_lock = [], False
 
     def __enter__(self) -> "Timer":
         if self.beside and not device_lock.path():
-            self._env = True
+            self._own_lock = True
             os.environ[device_lock.ENV] = self.lock_path
         return self
 
@@ -59,17 +59,18 @@ class Timer:
         """The shard's baselines (then `then()`, e.g. archiving the shard again); the seconds the
         caller spent on them: all of it inline, none beside."""
         if not self.beside:
-            seconds = time_shard(shard_dir, shard, self.target)
-            if then is not None:
-                then()
-            return seconds
+            return self._time(shard_dir, shard, then)
         self._futures.append(self._pool.submit(self._beside, shard_dir, shard, then))
         return 0.0
 
-    def _beside(self, shard_dir, shard, then) -> None:
-        self.background_s += time_shard(shard_dir, shard, self.target)
+    def _time(self, shard_dir, shard, then) -> float:
+        seconds = time_shard(shard_dir, shard, self.target)
         if then is not None:
             then()
+        return seconds
+
+    def _beside(self, shard_dir, shard, then) -> None:
+        self.background_s += self._time(shard_dir, shard, then)
 
     def wait(self) -> float:
         """Wait for the submitted shards; the seconds waited (an error in one is raised here)."""
@@ -84,6 +85,6 @@ class Timer:
     def __exit__(self, kind, *_) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=kind is None, cancel_futures=kind is not None)
-        if self._env:
+        if self._own_lock:
             os.environ.pop(device_lock.ENV, None)
             Path(self.lock_path).unlink(missing_ok=True)

@@ -273,7 +273,8 @@ class Checker:
         """call() for each argument tuple, side by side in the checker's workers."""
         return list(self._threads.map(lambda args: self.call(phase, fn, *args, timeout_s=timeout_s), arg_lists))
 
-    def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool) -> Outcome:
+    def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool, ref_key: tuple) -> Outcome:
+        """`ref_key`: the kernel's key for the reference's one timing (`_baselines`)."""
         built = self.call("build", _worker_build, mod_json, text, target_spec, seed)
         if isinstance(built, Outcome):
             return built
@@ -281,12 +282,11 @@ class Checker:
             return Outcome(**built)
         # runs and timings take turns (with other processes too, on a shared GPU: pipeline.device_lock);
         # the wait is not timed
-        key = (hashlib.sha1(mod_json.encode()).hexdigest(), json.dumps(target_spec, sort_keys=True, default=str), seed)
         with self._device, device_lock.held():
-            ran = self.call("run", _worker_run, seed, timed, self._baselines.get(key) if timed else None)
+            ran = self.call("run", _worker_run, seed, timed, self._baselines.get(ref_key) if timed else None)
             out = ran if isinstance(ran, Outcome) else Outcome(**ran)
             if timed and out.baseline_s is not None:
-                self._baselines.setdefault(key, out.baseline_s)
+                self._baselines.setdefault(ref_key, out.baseline_s)
         return out
 
     def _compile_one(self, mod_json: str, text: str, target_spec) -> Outcome:
@@ -313,12 +313,14 @@ class Checker:
 
     def check_pairs(self, items: list[tuple], target_spec, seed: int = 0, timed: bool = False) -> list[Outcome]:
         """check of each (kernel, script), all side by side: several kernels' scripts build at once."""
-        saved: dict[int, str] = {}
+        saved: dict[int, tuple[str, tuple]] = {}     # per kernel: its JSON, and its reference's key
+        spec = json.dumps(target_spec, sort_keys=True, default=str)
         for mod, _ in items:
             if id(mod) not in saved:
-                saved[id(mod)] = tvm.ir.save_json(mod)
-        return list(self._threads.map(lambda it: self._check_one(saved[id(it[0])], it[1], target_spec, seed, timed),
-                                      items))
+                mod_json = tvm.ir.save_json(mod)
+                saved[id(mod)] = mod_json, (hashlib.sha1(mod_json.encode()).hexdigest(), spec, seed)
+        return list(self._threads.map(lambda it: self._check_one(saved[id(it[0])][0], it[1], target_spec, seed, timed,
+                                                                 saved[id(it[0])][1]), items))
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
