@@ -82,7 +82,7 @@ model_dir, out, prompt, spec_id, spec = sys.argv[1], sys.argv[2], sys.argv[3], s
 p = from_dict(rl.RLParams, dict(model_dir=model_dir, output_dir=out + "/rl", steps=2, num_generations=2,
                                 prompts_per_step=2, max_completion_length=400, reward={"workers": 1, "timeout_s": 60}))
 prompts = [{"prompt": prompt, "workload": spec_id, "task": "construction"}] * 8
-model, tok, reward, history, _ = rl.train(p, prompts, {spec_id: spec}, {"kind": "llvm", "num-cores": 2}, progress=False)
+model, tok, reward, history, _, _ = rl.train(p, prompts, {spec_id: spec}, {"kind": "llvm", "num-cores": 2}, progress=False)
 log = distributed.gather(reward.log)
 if distributed.is_main():
     json.dump({"mine": len(reward.log), "all": log, "world": distributed.world_size()}, open(out + "/rl.json", "w"))

@@ -20,7 +20,7 @@ def test_grpo_steps_with_the_measured_reward(tmp_path, cpu_target):
                                           steps=2, num_generations=2, prompts_per_step=1, max_completion_length=400,
                                           reward={"workers": 1, "timeout_s": 60}))
     prompts = [{"prompt": prompt, "workload": SPEC.id, "task": "construction"}] * 4
-    model, tok, reward, history, _ = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
+    model, tok, reward, history, _, _ = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
                                                  {"kind": "llvm", "num-cores": 2}, progress=False)
     assert len(reward.log) == 4 and {e["step"] for e in reward.log} == {1, 2}
     # rollouts come from the guided decoder: complete scripts of the design space, all correct
@@ -97,7 +97,7 @@ def test_grpo_as_a_lora_adapter_over_a_full_sft_model(tmp_path, cpu_target):
                                           steps=1, num_generations=2, prompts_per_step=1, max_completion_length=400,
                                           lora_r=4, reward={"workers": 1, "timeout_s": 60}))
     prompts = [{"prompt": prompt, "workload": SPEC.id, "task": "construction"}] * 2
-    model, tok, reward, _, _ = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
+    model, tok, reward, _, _, _ = train_rl.train(p, prompts, {SPEC.id: SPEC.to_json()},
                                               {"kind": "llvm", "num-cores": 2}, progress=False)
     assert len(reward.log) == 2
     files.save_model_dir(model, tok, tmp_path / "rl")
@@ -109,11 +109,8 @@ def test_grpo_as_a_lora_adapter_over_a_full_sft_model(tmp_path, cpu_target):
         train_rl.RLParams(lora_r=-1)
 
 
-def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatch):
-    """rl.resume: a second run continues the first run's adapter (not the SFT model again), and
-    its report covers both runs' steps."""
+def _resumable_params(tmp_path, cpu_target, monkeypatch, steps=1):
     import yaml
-    from safetensors.torch import load_file
 
     prompt = tiny_model(tmp_path / "sft", cpu_target)
     search_folder(tmp_path / "search")
@@ -125,13 +122,22 @@ def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatc
     raw["data"]["search_dir"] = str(tmp_path / "search")
     raw["search"]["target"] = {"kind": "llvm", "num-cores": 2}
     raw["rl"].update(model_dir=str(tmp_path / "sft"), output_dir=str(tmp_path / "rl"), dataset_dir=str(tmp_path / "dataset"),
-                     report=str(tmp_path / "rl.json"), steps=1, num_generations=4, prompts_per_step=2,
+                     report=str(tmp_path / "rl.json"), steps=steps, num_generations=4, prompts_per_step=2,
                      max_completion_length=400, lora_r=4, resume=True, time_limit_s=None,
                      reward={"workers": 1, "timeout_s": 60})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     monkeypatch.setenv("LITTLE_DRAGON_MLFLOW", "defer")
     monkeypatch.chdir(tmp_path)
+    return params
+
+
+def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatch):
+    """rl.resume: a second run continues the first run's adapter (not the SFT model again), and
+    its report covers both runs' steps."""
+    from safetensors.torch import load_file
+
+    params = _resumable_params(tmp_path, cpu_target, monkeypatch)
     first = train_rl.main(str(params), progress=False)
     after_first = load_file(tmp_path / "rl" / "adapter_model.safetensors")
     second = train_rl.main(str(params), progress=False)
@@ -145,6 +151,40 @@ def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatc
     # vanishingly rare; with one group of 2 it happened in CI and the adapter rightly stayed put
     assert second["per_step"][1]["reward_spread"] > 0, second["per_step"][1]
     assert any(not (after_first[k] == after_second[k]).all() for k in after_first)   # trained further
+
+
+def test_an_interrupted_run_saves_its_finished_steps(tmp_path, cpu_target, monkeypatch):
+    """Ctrl-C or SIGTERM in the middle of step 2 (here: while its rewards are measured, where a
+    GPU command's time ran out in session 22): step 1's adapter and report are saved, the
+    interrupted step's rollouts are left out, the stage exits 130, and resume goes on from there."""
+    from pipeline.reward import ShapedReward
+
+    params = _resumable_params(tmp_path, cpu_target, monkeypatch, steps=3)
+    calls = {"n": 0}
+    scores = ShapedReward.scores
+
+    def interrupted_in_step_2(self, *a, **k):
+        calls["n"] += 1                    # the correctness and the speed function: two calls a step
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return scores(self, *a, **k)
+
+    monkeypatch.setattr(ShapedReward, "scores", interrupted_in_step_2)
+    with pytest.raises(SystemExit) as e:
+        train_rl.main(str(params), progress=False)
+    assert e.value.code == 130
+    report = json.loads((tmp_path / "rl.json").read_text())
+    assert report["steps_done"] == 1 and report["runs"][-1]["interrupted"] is True
+    assert [s["step"] for s in report["per_step"]] == [1] and report["completions"] == 8
+    assert models.is_adapter(tmp_path / "rl") and models.base_of(tmp_path / "rl") == str(tmp_path / "sft")
+    monkeypatch.setattr(ShapedReward, "scores", scores)
+    import yaml
+
+    raw = yaml.safe_load(params.read_text())
+    raw["rl"]["steps"] = 1
+    params.write_text(yaml.safe_dump(raw))
+    again = train_rl.main(str(params), progress=False)
+    assert again["steps_done"] == 2 and [r["resumed_from"] for r in again["runs"]] == [None, str(tmp_path / "rl")]
 
 
 def test_a_steps_rollouts_are_written_in_one_batch(tmp_path, cpu_target, monkeypatch):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,9 @@ class RLParams:
     bf16: bool = False
     gradient_checkpointing: bool = False
     guided: bool = True          # rollouts written by the guided decoder (false: free sampling)
-    time_limit_s: float | None = None   # wall-clock budget of training: stop at that step and save
+    # wall-clock budget of training: stop before a step that would end past it, and save. Ctrl-C
+    # or SIGTERM also saves the steps done (then exits 130); resume goes on from them
+    time_limit_s: float | None = None
     # > 0: GRPO trains a fresh LoRA adapter of this rank over a full (from-scratch) SFT model, and
     # `output_dir` keeps only the adapter, naming model_dir as its base (a GPU model's RL result is
     # then ~1 MB beside the SFT weights instead of a second full copy); 0: full fine-tuning. An SFT
@@ -264,9 +267,19 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
                           train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout,
                           callbacks=[stop], peft_config=peft_config)
-    trainer.train()
+    from pipeline.budget import interrupts
+
+    interrupted = False
+    with interrupts():
+        try:
+            trainer.train()
+        except KeyboardInterrupt:
+            if distributed.world_size() > 1:   # the processes' states may differ mid-step: nothing safe to save
+                raise
+            interrupted = True
     model = distributed.unsharded(trainer, str(Path(args.output_dir) / "final"))
-    return model, tokenizer, reward, trainer.state.log_history, stop.stopped_at
+    stopped_at = trainer.state.global_step if interrupted else stop.stopped_at
+    return model, tokenizer, reward, trainer.state.log_history, stopped_at, interrupted
 
 
 def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
@@ -281,20 +294,24 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     prompts = training_prompts(rows, p.max_prompts, seed)
     specs = records.workload_entries(raw["data"]["search_dir"])
     start = time.perf_counter()
-    model, tokenizer, reward, history, stopped_at = train(p, prompts, specs, raw["search"]["target"], progress,
-                                                          start_dir=start_dir, seed=seed)
+    model, tokenizer, reward, history, stopped_at, interrupted = train(p, prompts, specs, raw["search"]["target"],
+                                                                       progress, start_dir=start_dir, seed=seed)
     seconds = time.perf_counter() - start
     log = distributed.gather(reward.log)                  # every process's rollouts, all ranks take part
     checked = sum(distributed.gather([reward.measurer.builds]))
     if not distributed.is_main():
         return {}
+    done = stopped_at if stopped_at is not None else p.steps
+    if interrupted and not done:
+        print("rl: interrupted before its first step ended: nothing to save", file=sys.stderr)
+        raise SystemExit(130)
     out = files.save_model_dir(model, tokenizer, p.output_dir, bf16=p.bf16)   # a fresh folder, swapped in
+    log = [e for e in log if e["step"] <= done]           # an interrupted step's rollouts did not train the model
     for e in log:
         e["step"] += before
     summary = summarize(log, history, earlier)
-    done = stopped_at if stopped_at is not None else p.steps
     run = {"resumed_from": start_dir if earlier else None, "steps": done, "seconds": round(seconds, 1),
-           "time_limit_s": p.time_limit_s, "checked_scripts": checked}
+           "time_limit_s": p.time_limit_s, "checked_scripts": checked, "interrupted": interrupted}
     report = {"start_model": p.model_dir, "train_seconds": round(seconds + (earlier or {}).get("train_seconds", 0), 1),
               "steps": p.steps, "steps_done": before + done, "runs": (earlier or {}).get("runs", []) + [run],
               "time_limit_s": p.time_limit_s, "stopped_at": stopped_at,
@@ -314,4 +331,7 @@ def main(params_path: str = "params.yaml", progress: bool = True) -> dict:
     print(f"rl: {done} GRPO steps in {seconds:.0f} s ({before + done} in all), {checked} scripts checked; mean reward "
           f"{summary['reward_first_half']:.3f} (first half) -> {summary['reward_second_half']:.3f} (second half); "
           f"stages {summary['stages']} -> {out}, {p.report}")
+    if interrupted:
+        print(f"rl: interrupted: the {done} steps done are saved; `rl.resume` goes on from them", file=sys.stderr)
+        raise SystemExit(130)
     return report
