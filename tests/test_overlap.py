@@ -63,7 +63,7 @@ def test_a_failed_build_is_a_failed_record_logged_as_a_build_error(tmp_path):
     """Builds that time out (0.001 s) reach MetaSchedule as runner results carrying the
     builder's message: stored as failed, and the stage's error log says 'build'."""
     summary = run_search(_params(tmp_path, num_workloads=1, shard_size=1, trials_per_workload=4, trials_per_iter=4,
-                                 overlap=True, build_timeout_s=0.001), progress=False)
+                                 overlap=True, baselines_beside=True, build_timeout_s=0.001), progress=False)
     errors = list(files.read_jsonl(tmp_path / "search" / "shard-0000" / "errors.jsonl"))
     assert len(errors) == summary["trials"] == summary["failed_trials"] >= 4
     assert all(e["stage"] == "build" and e["error"].startswith("LocalBuilder: Timeout") for e in errors)

@@ -121,3 +121,15 @@ def test_bench_summary_of_several_runs_counts_tasks_once_and_the_fraction_over_t
             {"task": "a", "session": 2, "metaschedule": ms, "ms_cost": {"curve": [3.0], "seconds": 1.0}}]
     s = summarize(rows, trials=1, ms_trials=2)
     assert s["tasks"] == 1 and s["runs"] == 2 and s["model_tasks"] == 1 and s["fraction"] == 1.0
+
+
+@pytest.mark.parametrize("value", ["2048", "2048x0", "axb", "1x2x3"])
+def test_bench_refuses_a_bad_inside_search_with_one_line(value, monkeypatch, capsys):
+    import sys
+
+    from pipeline.bench import tune as bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "--variants", "ms_cost", "--inside-search", value])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2 and "--inside-search takes POPxGENS" in capsys.readouterr().err

@@ -4,6 +4,7 @@ search at equal measured candidates, on TVM's te_workload kernels, in one run.
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
         [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--checker-workers 2] \
         [--variants model model_cost model_first model_first_cost ms_cost] [--inside-per-iter 4] [--focus 16] \
+        [--inside-search 2048x8] \
         [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
@@ -49,13 +50,14 @@ VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost")
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
              oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None,
-             focus: int = 1) -> dict:
+             focus: int = 1, inside_search: tuple[int, int] | None = None) -> dict:
     """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
     `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
     use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
     each batch and the cost model chooses what to measure). `inside_per_iter`: candidates a
     round for the variants inside MetaSchedule (default: the yardstick's own, `sp`'s); `focus`:
-    how many times their cost model counts the kernel's own measurements (`as_metaschedule`)."""
+    how many times their cost model counts the kernel's own measurements (`as_metaschedule`);
+    `inside_search`: their evolutionary search's (population, generations), default the yardstick's."""
     from pipeline import metaschedule
     from pipeline.stages.evaluate import te_module
     from pipeline.tvm_env import make_target
@@ -73,6 +75,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
         row["metaschedule"] = _retimed(tuned, mod, target_spec, checker)
         if inside_per_iter:
             sp = dataclasses.replace(sp, trials_per_iter=inside_per_iter)
+        if inside_search:
+            sp = dataclasses.replace(sp, population_size=inside_search[0], genetic_num_iters=inside_search[1])
         # the model inside MetaSchedule: its first batch written by the model, the rest evolved by
         # MetaSchedule's own cost model (which starts empty) or, with `_cost`, the pre-trained one
         for key, pre in (("model_first", None), ("model_first_cost", cost)):
@@ -249,12 +253,24 @@ def main() -> None:
     ap.add_argument("--focus", type=int, default=1,
                     help="the pre-trained cost model inside MetaSchedule (ms_cost, model_first_cost) counts the "
                          "kernel's own measurements this many times in each retraining (default 1: as one more workload)")
+    ap.add_argument("--inside-search", default=None, metavar="POPxGENS",
+                    help="population and generations of the evolutionary search of the variants inside MetaSchedule "
+                         "(e.g. 2048x8: a pre-trained cost model searched harder for the same measurements; "
+                         "default: the yardstick's 512x4)")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
     args = ap.parse_args()
     if args.focus < 1:
         ap.error(f"--focus must be >= 1 (got {args.focus})")
+    inside_search = None
+    if args.inside_search:
+        try:
+            inside_search = tuple(int(x) for x in args.inside_search.lower().split("x"))
+        except ValueError:
+            inside_search = ()
+        if len(inside_search) != 2 or min(inside_search) < 1:
+            ap.error(f"--inside-search takes POPxGENS, two positive integers (got {args.inside_search!r})")
     import yaml
 
     from pipeline import files, models, params as P
@@ -283,10 +299,11 @@ def main() -> None:
     rows = []
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
-                             args.oversample, cost, args.variants, args.inside_per_iter, args.focus))
+                             args.oversample, cost, args.variants, args.inside_per_iter, args.focus, inside_search))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"],
                                     "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, "focus": args.focus,
+                                    "inside_search": list(inside_search or (sp.population_size, sp.genetic_num_iters)),
                                     **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))

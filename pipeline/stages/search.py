@@ -69,8 +69,11 @@ class SearchParams:
     # MetaSchedule does the three in turn). Needs the persistent builder.
     overlap: bool = False
     # with overlap: each shard's DLight baselines built and timed on a thread beside the next
-    # shard's tuning, behind the device lock (pipeline/baselines.py); false: after its tuning
-    baselines_beside: bool = True
+    # shard's tuning, behind the device lock (pipeline/baselines.py); false: after its tuning.
+    # Off by default: its one H200 run (session 22, 8 workloads x 32, two processes) made 85.5
+    # candidates/min against 135.9 / 126.5 inline in session 21, on a call whose start-up also took
+    # twice as long; the in-call A/B that would separate the two is still to be run
+    baselines_beside: bool = False
     # GPUs measuring at once: one process per entry over alternate shards, builder workers and
     # cores split between them ([]: one process on the default device). A GPU listed twice
     # ([0, 0]) gets two processes whose measurements take turns (pipeline.device_lock): one
