@@ -255,7 +255,7 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     mods = {w: build(Spec.from_json(specs[w])) for w in {r["workload"] for r in prompts}}
     kernel_of = {r["prompt"]: (mods[r["workload"]], target) for r in prompts}
     rollout = guided_rollout(kernel_of, p.temperature, p.top_p, p.max_completion_length, p.guided)
-    from pipeline.budget import time_limit
+    from pipeline.budget import interrupts, time_limit
 
     stop = time_limit(p.time_limit_s)
     peft_config = None
@@ -267,8 +267,6 @@ def train(p: RLParams, prompts: list[dict], specs: dict, target_spec, progress: 
     trainer = GRPOTrainer(model=model, reward_funcs=reward.functions(), args=args,
                           train_dataset=Dataset.from_list(prompts), processing_class=tokenizer, rollout_func=rollout,
                           callbacks=[stop], peft_config=peft_config)
-    from pipeline.budget import interrupts
-
     interrupted = False
     with interrupts():
         try:
