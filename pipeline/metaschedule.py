@@ -31,6 +31,8 @@ def settings(target, trials: int, sp, group: int = 1) -> dict:
     out = {"target": str(target), "trials": trials, "trials_per_iter": min(sp.trials_per_iter, trials),
            "population_size": sp.population_size, "genetic_num_iters": sp.genetic_num_iters,
            "first_round": sp.first_round}
+    if getattr(sp, "init_min_unmeasured", 50) != 50:     # named only when not MetaSchedule's default: kept runs stay valid
+        out["init_min_unmeasured"] = sp.init_min_unmeasured
     return {**out, "tasks_per_run": group} if group > 1 else out
 
 

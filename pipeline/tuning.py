@@ -250,13 +250,15 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
     second batch on, the evolutionary search runs as usual, with the first batch in the
     database and the cost model trained on it."""
 
-    def __init__(self, population_size: int, genetic_num_iters: int) -> None:
+    def __init__(self, population_size: int, genetic_num_iters: int, init_min_unmeasured: int = 50) -> None:
         super().__init__()
         self.population_size, self.genetic_num_iters = population_size, genetic_num_iters
+        self.init_min_unmeasured = init_min_unmeasured
         self.replay = ms.search_strategy.ReplayTrace()
         self.evolve = ms.search_strategy.EvolutionarySearch(population_size=population_size,
-                                                            genetic_num_iters=genetic_num_iters)
-        self.first = True
+                                                            genetic_num_iters=genetic_num_iters,
+                                                            init_min_unmeasured=init_min_unmeasured)
+        self.first, self.evolve_trials = True, 0
 
     def _initialize_with_tune_context(self, context) -> None:
         self.replay._initialize_with_tune_context(context)
@@ -264,13 +266,19 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
         self.first = True
-        self.replay.pre_tuning(min(max_trials, num_trials_per_iter), num_trials_per_iter, design_spaces,
-                               database, cost_model)
-        self.evolve.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+        first = min(max_trials, num_trials_per_iter)
+        self.replay.pre_tuning(first, num_trials_per_iter, design_spaces, database, cost_model)
+        # the task's budget is shared: the evolutionary search gets what the first batch left
+        # (given all of it, a task measured up to max_trials + one batch where the run's global
+        # budget did not stop it first)
+        self.evolve_trials = max_trials - first
+        if self.evolve_trials > 0:
+            self.evolve.pre_tuning(self.evolve_trials, num_trials_per_iter, design_spaces, database, cost_model)
 
     def post_tuning(self) -> None:
         self.replay.post_tuning()
-        self.evolve.post_tuning()
+        if self.evolve_trials > 0:
+            self.evolve.post_tuning()
 
     def generate_measure_candidates(self):
         if self.first:
@@ -278,6 +286,8 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
             if candidates:
                 return candidates
             self.first = False
+        if self.evolve_trials <= 0:
+            return None
         return self.evolve.generate_measure_candidates()
 
     def notify_runner_results(self, measure_candidates, results) -> None:
@@ -285,15 +295,19 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
         self.first = False
 
     def clone(self):
-        return ReplayFirst(self.population_size, self.genetic_num_iters)
+        return ReplayFirst(self.population_size, self.genetic_num_iters, self.init_min_unmeasured)
 
 
 def strategy(sp):
-    """The search strategy the search params ask for (`first_round`)."""
+    """The search strategy the search params ask for (`first_round`). `init_min_unmeasured`:
+    each evolutionary round samples the design space until that many valid schedules are found
+    (MetaSchedule's default 50); on a design space where most samples fail the GPU checks, that
+    floor, not the population, sets the round's sampling cost (pipeline.bench.strategy)."""
     if sp.first_round == "replay":
-        return ReplayFirst(sp.population_size, sp.genetic_num_iters)
+        return ReplayFirst(sp.population_size, sp.genetic_num_iters, sp.init_min_unmeasured)
     return ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
-                                                 genetic_num_iters=sp.genetic_num_iters)
+                                                 genetic_num_iters=sp.genetic_num_iters,
+                                                 init_min_unmeasured=sp.init_min_unmeasured)
 
 
 def make_runner(sp):

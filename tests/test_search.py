@@ -370,3 +370,37 @@ def test_bench_search_says_how_much_of_a_run_was_outside_its_parts():
                                        {"seconds": 56.3, "failed_run_s": 13.7, "baseline_s": 4.1}]}
     assert outside_parts(row) == 18.6
     assert outside_parts({"seconds": 10.0, "parts": []}) is None
+
+
+def test_bench_search_compares_what_each_variant_found_with_the_first():
+    from pipeline.bench.search import best_ratio
+
+    first = {"a": 1.0, "b": 2.0, "c": None}
+    assert best_ratio({"a": 0.5, "b": 2.0, "c": 1.0}, first) == round(0.5 ** 0.5, 4)
+    assert best_ratio({"a": 2.0, "b": 4.0}, first) == 2.0
+    assert best_ratio({"c": 1.0}, first) is None
+
+
+def test_init_min_unmeasured_reaches_metaschedules_strategy(tmp_path):
+    import dataclasses
+
+    from pipeline.stages.search import SearchParams
+    from pipeline.tuning import ReplayFirst, strategy
+
+    p = dataclasses.replace(_params(tmp_path), population_size=64, trials_per_iter=8, trials_per_workload=16,
+                            init_min_unmeasured=12, first_round="replay")
+    s = strategy(p)
+    assert isinstance(s, ReplayFirst) and s.evolve.init_min_unmeasured == 12
+    assert s._inst.clone().evolve.init_min_unmeasured == 12     # what MetaSchedule clones per task
+    assert strategy(dataclasses.replace(p, first_round="evolutionary")).init_min_unmeasured == 12
+    assert SearchParams.__dataclass_fields__["init_min_unmeasured"].default == 50   # MetaSchedule's own
+    with pytest.raises(ValueError, match="init_min_unmeasured"):
+        dataclasses.replace(p, init_min_unmeasured=0)
+    # the evaluation's kept MetaSchedule runs (hours of GPU) stay valid under the default, and only then
+    import tvm
+
+    from pipeline import metaschedule
+
+    target = tvm.target.Target("llvm")
+    assert "init_min_unmeasured" not in metaschedule.settings(target, 4, dataclasses.replace(p, init_min_unmeasured=50))
+    assert metaschedule.settings(target, 4, p)["init_min_unmeasured"] == 12

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import tempfile
 
@@ -55,6 +56,15 @@ def scheduler_errors(work_dir: str) -> int:
                for e in files.read_jsonl(path))
 
 
+def best_ratio(best: dict, first: dict) -> float | None:
+    """Geomean over the workloads both runs found a latency for of this run's best / the first
+    run's best (< 1: this variant found faster kernels)."""
+    both = [(best[k], first[k]) for k in best if best.get(k) and first.get(k)]
+    if not both:
+        return None
+    return round(math.exp(sum(math.log(a / b) for a, b in both) / len(both)), 4)
+
+
 def outside_parts(row: dict) -> float | None:
     """Seconds of the run outside its longest part's own time (tuning, failed tuning runs, the
     baselines it waited for): process start-up, TVM imports, build pools starting and stopping.
@@ -86,10 +96,14 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, stop
         row = {"variant": name, "builder_workers": p.builder_workers, "devices": p.devices,
                "min_repeat_ms": p.min_repeat_ms, **summary["this_run"],
                "failed_trials": summary["failed_trials"], "trials": summary["trials"],
-               "scheduler_errors": errors, "failed_workloads": len(summary["failed_workloads"])}
+               "scheduler_errors": errors, "failed_workloads": len(summary["failed_workloads"]),
+               # what the search found, so that a faster variant shows what it costs in quality
+               "speedup_geomean_vs_baseline": summary["speedup_geomean_vs_baseline"],
+               "best_s": {r["id"]: r["best_s"] for r in summary["per_workload"]}}
         row["outside_parts_s"] = outside_parts(row)
+        row["best_vs_first_run"] = best_ratio(row["best_s"], out["runs"][0]["best_s"]) if out["runs"] else None
         out["runs"].append(row)
-        print({k: v for k, v in row.items() if k != "parts"}, row["parts"], flush=True)
+        print({k: v for k, v in row.items() if k not in ("parts", "best_s")}, row["parts"], flush=True)
         if out_path:     # each variant's figures kept as soon as it ends (a device call may be cut)
             from pipeline import files
 

@@ -58,6 +58,7 @@ class SearchParams:
     min_repeat_ms: int = 100          # TVM's time evaluator: repeat a run until it lasts this long
     population_size: int = 512       # evolutionary search; MetaSchedule's default
     genetic_num_iters: int = 4
+    init_min_unmeasured: int = 50    # valid random samples an evolutionary round needs (MetaSchedule's default)
     work_dir: str = "data/search"
     report: str = "reports/search.json"
     offset: int = 0                  # skip this many eligible workloads (held-out splits, sharding across machines)
@@ -102,6 +103,7 @@ class SearchParams:
         P.require(self.shard_size > 0, "shard_size must be > 0")
         P.require(self.builder_workers > 0, "builder_workers must be > 0")
         P.require(self.population_size >= self.trials_per_iter, "population_size must be >= trials_per_iter")
+        P.require(self.init_min_unmeasured >= 1, "init_min_unmeasured must be >= 1")
         unknown = sorted(set(self.families) - set(FAMILIES))
         P.require(not unknown, f"unknown families {unknown}; choose from {sorted(FAMILIES)}")
         P.require(bool(self.families), "families must list at least one family")
@@ -344,7 +346,7 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                     "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
                     "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
-                    "first_round": p.first_round, "overlap": p.overlap, "baselines_beside": timer.beside,
+                    "init_min_unmeasured": p.init_min_unmeasured, "first_round": p.first_round, "overlap": p.overlap, "baselines_beside": timer.beside,
                     "trials_per_iter": p.trials_per_iter, **done.to_json()})
         bar.close()
         if pool is not None:

@@ -1,0 +1,162 @@
+"""Benchmark: where MetaSchedule's own search time goes in a CUDA search, with the builds and
+the GPU stood in, so that only the scheduler's side is left (the critical path of an
+overlapped search on the H200: `other_s` of its parts).
+
+    python -m pipeline.bench.strategy --params profiles/gpu.yaml [--workloads 4] [--trials 32] \
+        [--variants 256x2 256x2/16 128x2/16] [--threads N] [--out reports/bench_strategy_cpu.json]
+
+Real: the CUDA target, the search stage's first workloads (one shard: the first part of the
+H200 benchmark's 8), its design space, ReplayFirst + evolutionary search, MetaSchedule's XGBoost
+cost model trained after every round, the database and the measure callbacks. Stood in: the
+builder (an empty artifact folder per candidate, no compile) and the GPU (a random latency at
+once), so what the strategy finds means nothing; its time per candidate is what is measured.
+Each variant is `POPxGENS[/MIN]` (population size x genetic iterations of the evolutionary search,
+MIN: the valid random samples a round needs, `search.init_min_unmeasured`);
+MetaSchedule's Profiler says which of its scopes took the time (`profile`, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import tempfile
+import time
+
+from pipeline.tvm_env import ms, tvm
+
+
+def artifact_path() -> str:
+    """A stand-in artifact's path, in a fresh folder of its own: MetaSchedule's
+    RemoveBuildArtifact removes the artifact's *parent* folder after the round (a folder made
+    straight under the temporary directory once took the whole of /tmp with it)."""
+    return os.path.join(tempfile.mkdtemp(prefix="ld-nobuild-"), "none.so")
+
+
+@tvm.ir.utils.derived_object
+class NoBuild(ms.builder.PyBuilder):
+    """Every candidate 'built' at once, to an `artifact_path()`."""
+
+    def build(self, build_inputs):
+        return [ms.builder.BuilderResult(artifact_path(), None) for _ in build_inputs]
+
+
+@tvm.ir.utils.derived_object
+class _Done(ms.runner.PyRunnerFuture):
+    def __init__(self, latency_s: float) -> None:
+        super().__init__()
+        self.latency_s = latency_s
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return ms.runner.RunnerResult([self.latency_s], None)
+
+
+@tvm.ir.utils.derived_object
+class InstantGPU(ms.runner.PyRunner):
+    """A random latency per candidate, at once."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def run(self, runner_inputs):
+        return [_Done(self.rng.uniform(1e-5, 1e-3)) for _ in runner_inputs]
+
+
+def parse_variant(text: str) -> tuple[int, int, int | None]:
+    """`POPxGENS` or `POPxGENS/MIN` (MIN: init_min_unmeasured; default the params')."""
+    try:
+        head, _, floor = text.lower().partition("/")
+        pop, gens = (int(x) for x in head.split("x"))
+        least = int(floor) if floor else None
+    except ValueError:
+        raise SystemExit(f"variant {text!r}: expected POPxGENS or POPxGENS/MIN, e.g. 256x2 or 256x2/16") from None
+    if pop < 1 or gens < 0 or (least is not None and least < 1):
+        raise SystemExit(f"variant {text!r}: population must be >= 1, generations >= 0 and MIN >= 1")
+    return pop, gens, least
+
+
+def run(params_path: str, variants: list[str], workloads: int, trials: int, threads: int | None,
+        out_path: str | None, only: list[str] | None = None) -> dict:
+    from pipeline import files, params as P
+    from pipeline.bench.search import machine
+    from pipeline.space import generator
+    from pipeline.stages.search import SearchParams, select_workloads
+    from pipeline.tuning import strategy
+    from pipeline.workloads import build
+
+    base = P.load("search", SearchParams, params_path)
+    p = dataclasses.replace(base, num_workloads=workloads, trials_per_workload=trials,
+                            trials_per_iter=min(base.trials_per_iter, trials))
+    specs = select_workloads(p)
+    if only:
+        unknown = sorted(set(only) - {s.id for s in specs})
+        if unknown:
+            raise SystemExit(f"--only: {', '.join(unknown)} not among the first {workloads} workloads")
+        specs = [s for s in specs if s.id in only]
+    target = tvm.target.Target(p.target)
+    threads = threads or min(p.builder_workers, len(os.sched_getaffinity(0)))
+    out = {"machine": machine(), "params": params_path, "workloads": [s.id for s in specs],
+           "trials_per_workload": trials, "trials_per_iter": p.trials_per_iter, "first_round": p.first_round,
+           "num_threads": threads, "runs": []}
+    for text in variants:
+        pop, gens, least = parse_variant(text)
+        v = dataclasses.replace(p, population_size=max(pop, p.trials_per_iter), genetic_num_iters=gens,
+                                init_min_unmeasured=least or min(p.init_min_unmeasured, pop))
+        mods = [(s.id, build(s)) for s in specs]
+        with tempfile.TemporaryDirectory() as tmp:
+            tasks = [ms.TuneContext(mod=mod, target=target, space_generator=generator(target),
+                                    search_strategy=strategy(v), task_name=name, rand_state=v.seed,
+                                    num_threads=threads,
+                                    logger=ms.logging.get_logger(f"little_dragon.bench.{name}")).clone()
+                     for name, mod in mods]
+            start = time.perf_counter()
+            with ms.Profiler() as prof:
+                ms.tune.tune_tasks(
+                    tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=tmp,
+                    max_trials_global=trials * len(tasks), max_trials_per_task=trials,
+                    num_trials_per_iter=v.trials_per_iter, builder=NoBuild(), runner=InstantGPU(v.seed),
+                    database=ms.database.JSONDatabase(work_dir=tmp),
+                    measure_callbacks=ms.measure_callback.MeasureCallback.create("default"),
+                    task_scheduler="round-robin")
+            seconds = time.perf_counter() - start
+            measured = len(ms.database.JSONDatabase(work_dir=tmp))
+        profile = {k: round(float(s), 2) for k, s in sorted(prof.get().items(), key=lambda kv: -float(kv[1]))}
+        row = {"variant": text, "population_size": v.population_size, "genetic_num_iters": gens,
+               "init_min_unmeasured": v.init_min_unmeasured,
+               "measured": measured, "seconds": round(seconds, 1),
+               "seconds_per_candidate": round(seconds / max(measured, 1), 3),
+               "candidates_per_min": round(60 * measured / seconds, 1), "profile": profile}
+        out["runs"].append(row)
+        print({k: row[k] for k in row if k != "profile"}, flush=True)
+        print("  " + ", ".join(f"{k} {s}" for k, s in list(profile.items())[:8]), flush=True)
+        if out_path:
+            files.write_json(out_path, out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="profiles/gpu.yaml")
+    ap.add_argument("--variants", nargs="+", default=["256x2", "256x2/16", "128x2/16"])
+    ap.add_argument("--workloads", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=None, help="the strategy's threads (default: the profile's "
+                    "build workers, capped by the cores)")
+    ap.add_argument("--only", nargs="+", default=None, help="of the first --workloads, only these ids")
+    ap.add_argument("--out", default="reports/bench_strategy_cpu.json")
+    args = ap.parse_args()
+    if args.workloads < 1 or args.trials < 1 or (args.threads is not None and args.threads < 1):
+        raise SystemExit("--workloads, --trials and --threads must be >= 1")
+    for text in args.variants:
+        parse_variant(text)
+    run(args.params, args.variants, args.workloads, args.trials, args.threads, args.out, args.only)
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
