@@ -87,10 +87,11 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, stop
     for text in variants:
         name, over = parse_variant(text)
         with tempfile.TemporaryDirectory() as tmp:
-            p = dataclasses.replace(base, num_workloads=workloads, trials_per_workload=trials,
-                                    trials_per_iter=min(base.trials_per_iter, trials),
-                                    work_dir=f"{tmp}/search", report=f"{tmp}/search.json", archive_dir=None,
-                                    **over)
+            # a variant may set any search param, trials_per_iter included
+            p = dataclasses.replace(base, **{"trials_per_iter": min(base.trials_per_iter, trials), **over,
+                                             "num_workloads": workloads, "trials_per_workload": trials,
+                                             "work_dir": f"{tmp}/search", "report": f"{tmp}/search.json",
+                                             "archive_dir": None})
             summary = run_search(p, progress=False, stop_after=stop_after)
             errors = scheduler_errors(f"{tmp}/search")
         row = {"variant": name, "builder_workers": p.builder_workers, "devices": p.devices,
