@@ -106,7 +106,7 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, thre
     for text in variants:
         pop, gens, least = parse_variant(text)
         v = dataclasses.replace(p, population_size=max(pop, p.trials_per_iter), genetic_num_iters=gens,
-                                init_min_unmeasured=least or min(p.init_min_unmeasured, pop))
+                                init_min_unmeasured=least or p.init_min_unmeasured)
         mods = [(s.id, build(s)) for s in specs]
         with tempfile.TemporaryDirectory() as tmp:
             tasks = [ms.TuneContext(mod=mod, target=target, space_generator=generator(target),
