@@ -40,6 +40,7 @@ def test_strategy_bench_profiles_a_cuda_search_without_a_gpu(tmp_path):
     row = json.loads(out.read_text())["runs"][0]
     assert row["measured"] >= 16 and row["init_min_unmeasured"] == 8
     assert row["profile"]["Total"] > 0
+    assert (tmp_path / "strategy.png").stat().st_size > 0
 
 
 def test_replay_first_keeps_to_the_tasks_budget(tmp_path):

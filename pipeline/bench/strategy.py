@@ -12,7 +12,8 @@ builder (an empty artifact folder per candidate, no compile) and the GPU (a rand
 once), so what the strategy finds means nothing; its time per candidate is what is measured.
 Each variant is `POPxGENS[/MIN]` (population size x genetic iterations of the evolutionary search,
 MIN: the valid random samples a round needs, `search.init_min_unmeasured`);
-MetaSchedule's Profiler says which of its scopes took the time (`profile`, seconds).
+MetaSchedule's Profiler says which of its scopes took the time (`profile`, seconds; plotted
+beside the JSON, `.png`).
 """
 
 from __future__ import annotations
@@ -136,7 +137,44 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, thre
         print("  " + ", ".join(f"{k} {s}" for k, s in list(profile.items())[:8]), flush=True)
         if out_path:
             files.write_json(out_path, out)
+            plot(out, os.path.splitext(out_path)[0] + ".png")
     return out
+
+
+def plot(out: dict, path: str) -> None:
+    """Seconds a candidate per variant, split into the Profiler's scopes (the 5 largest over all
+    variants; the rest together)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = out["runs"]
+    totals: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["profile"].items():
+            if k != "Total":
+                totals[k] = totals.get(k, 0.0) + v
+    top = sorted(totals, key=totals.get, reverse=True)[:5]
+    fig, ax = plt.subplots(figsize=(1.6 * len(runs) + 5, 3.6))
+    names = [f"{r['variant']}\n({i + 1})" for i, r in enumerate(runs)]
+    bottom = [0.0] * len(runs)
+    for color, key in enumerate([*top, "other"]):
+        ys = []
+        for r in runs:
+            n = max(r["measured"], 1)
+            if key == "other":
+                ys.append(max(0.0, r["seconds"] - sum(r["profile"].get(k, 0.0) for k in top)) / n)
+            else:
+                ys.append(r["profile"].get(key, 0.0) / n)
+        ax.bar(names, ys, bottom=bottom, label=key.replace("EvoSearch/", ""), color=f"C{color}")
+        bottom = [b + y for b, y in zip(bottom, ys)]
+    ax.set_ylabel("scheduler seconds a candidate")
+    ax.set_title(f"MetaSchedule's own time, {len(out['workloads'])} workloads x {out['trials_per_workload']}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
