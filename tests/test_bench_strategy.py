@@ -49,7 +49,8 @@ def test_replay_first_keeps_to_the_tasks_budget(tmp_path):
     import tvm
     from tvm import te
 
-    from pipeline.bench.strategy import InstantGPU, NoBuild
+    from pipeline.bench.search_overlap import StandInGPU
+    from pipeline.bench.strategy import NoBuild
     from pipeline.space import generator
     from pipeline.tuning import ReplayFirst
     from pipeline.tvm_env import ms
@@ -64,7 +65,7 @@ def test_replay_first_keeps_to_the_tasks_budget(tmp_path):
                           search_strategy=ReplayFirst(32, 1, 8), task_name="mm", rand_state=0, num_threads=1,
                           logger=ms.logging.get_logger("test.replay_first")).clone()
     ms.tune.tune_tasks(tasks=[task], task_weights=[1.0], work_dir=str(tmp_path), max_trials_global=100,
-                       max_trials_per_task=8, num_trials_per_iter=4, builder=NoBuild(), runner=InstantGPU(0),
+                       max_trials_per_task=8, num_trials_per_iter=4, builder=NoBuild(), runner=StandInGPU(0.0),
                        database=ms.database.JSONDatabase(work_dir=str(tmp_path)),
                        measure_callbacks=ms.measure_callback.MeasureCallback.create("default"),
                        task_scheduler="round-robin")

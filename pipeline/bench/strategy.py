@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import random
 import tempfile
 import time
 
@@ -43,31 +42,6 @@ class NoBuild(ms.builder.PyBuilder):
         return [ms.builder.BuilderResult(artifact_path(), None) for _ in build_inputs]
 
 
-@tvm.ir.utils.derived_object
-class _Done(ms.runner.PyRunnerFuture):
-    def __init__(self, latency_s: float) -> None:
-        super().__init__()
-        self.latency_s = latency_s
-
-    def done(self) -> bool:
-        return True
-
-    def result(self):
-        return ms.runner.RunnerResult([self.latency_s], None)
-
-
-@tvm.ir.utils.derived_object
-class InstantGPU(ms.runner.PyRunner):
-    """A random latency per candidate, at once."""
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__()
-        self.rng = random.Random(seed)
-
-    def run(self, runner_inputs):
-        return [_Done(self.rng.uniform(1e-5, 1e-3)) for _ in runner_inputs]
-
-
 def parse_variant(text: str) -> tuple[int, int, int | None]:
     """`POPxGENS` or `POPxGENS/MIN` (MIN: init_min_unmeasured; default the params')."""
     try:
@@ -83,11 +57,10 @@ def parse_variant(text: str) -> tuple[int, int, int | None]:
 
 def run(params_path: str, variants: list[str], workloads: int, trials: int, threads: int | None,
         out_path: str | None, only: list[str] | None = None) -> dict:
-    from pipeline import files, params as P
+    from pipeline import files, params as P, tuning
     from pipeline.bench.search import machine
-    from pipeline.space import generator
+    from pipeline.bench.search_overlap import StandInGPU
     from pipeline.stages.search import SearchParams, select_workloads
-    from pipeline.tuning import strategy
     from pipeline.workloads import build
 
     base = P.load("search", SearchParams, params_path)
@@ -104,26 +77,17 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, thre
     out = {"machine": machine(), "params": params_path, "workloads": [s.id for s in specs],
            "trials_per_workload": trials, "trials_per_iter": p.trials_per_iter, "first_round": p.first_round,
            "num_threads": threads, "runs": []}
+    mods = [(s.id, build(s)) for s in specs]
     for text in variants:
         pop, gens, least = parse_variant(text)
+        # the strategy's threads: TuneContext.num_threads, which tuning.tune takes from builder_workers
         v = dataclasses.replace(p, population_size=max(pop, p.trials_per_iter), genetic_num_iters=gens,
-                                init_min_unmeasured=least or p.init_min_unmeasured)
-        mods = [(s.id, build(s)) for s in specs]
+                                init_min_unmeasured=least or p.init_min_unmeasured, builder_workers=threads)
         with tempfile.TemporaryDirectory() as tmp:
-            tasks = [ms.TuneContext(mod=mod, target=target, space_generator=generator(target),
-                                    search_strategy=strategy(v), task_name=name, rand_state=v.seed,
-                                    num_threads=threads,
-                                    logger=ms.logging.get_logger(f"little_dragon.bench.{name}")).clone()
-                     for name, mod in mods]
             start = time.perf_counter()
-            with ms.Profiler() as prof:
-                ms.tune.tune_tasks(
-                    tasks=tasks, task_weights=[1.0] * len(tasks), work_dir=tmp,
-                    max_trials_global=trials * len(tasks), max_trials_per_task=trials,
-                    num_trials_per_iter=v.trials_per_iter, builder=NoBuild(), runner=InstantGPU(v.seed),
-                    database=ms.database.JSONDatabase(work_dir=tmp),
-                    measure_callbacks=ms.measure_callback.MeasureCallback.create("default"),
-                    task_scheduler="round-robin")
+            with ms.Profiler() as prof:     # the GPU stood in as search_overlap's, taking no time
+                tuning.tune(v, target, mods, tmp, trials, v.trials_per_iter, logger="bench", pool=NoBuild(),
+                            runner=StandInGPU(0.0, seed=v.seed))
             seconds = time.perf_counter() - start
             measured = len(ms.database.JSONDatabase(work_dir=tmp))
         profile = {k: round(float(s), 2) for k, s in sorted(prof.get().items(), key=lambda kv: -float(kv[1]))}

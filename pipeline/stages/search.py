@@ -346,7 +346,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                     "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
                     "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
-                    "init_min_unmeasured": p.init_min_unmeasured, "first_round": p.first_round, "overlap": p.overlap, "baselines_beside": timer.beside,
+                    "init_min_unmeasured": p.init_min_unmeasured, "first_round": p.first_round,
+                    "overlap": p.overlap, "baselines_beside": timer.beside,
                     "trials_per_iter": p.trials_per_iter, **done.to_json()})
         bar.close()
         if pool is not None:
