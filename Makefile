@@ -24,7 +24,7 @@ repro: setup
 	dvc repro
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadfile -q
+	$(PY) -m pytest -n 2 --dist loadfile -q --durations=12
 	$(PY) -m pytest -n 2 --dist loadfile -q -m slow
 	$(PY) -m pytest -q -m integration
 

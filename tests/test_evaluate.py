@@ -456,3 +456,37 @@ def test_the_cost_models_pick_gives_a_place_that_does_not_compile_to_the_next_ra
     w = written()
     n, rejected = _pick(w, ["m1", "m2"], Ranked(), 2)     # no compile check: the cost model's K
     assert w.scripts == [["b", "c"], ["f", "g"]] and rejected == [0, 0]
+
+
+def test_the_gpu_profiles_metaschedule_runs_keep_the_settings_of_the_kept_runs():
+    """The campaign's search settings may change (profiles/gpu.yaml: 128 x 2 / 16) while the
+    evaluation's MetaSchedule runs keep those of its 85 kept runs (evaluate.metaschedule_search):
+    a kept run whose settings differ would be tuned again (~2 h of H200 time)."""
+    import tarfile
+    from pathlib import Path
+
+    from pipeline import metaschedule
+
+    p, sp, _, _, target, _ = evaluate._settings("profiles/gpu.yaml")
+    from pipeline.params import load
+    from pipeline.stages.search import SearchParams
+
+    search = load("search", SearchParams, "profiles/gpu.yaml")
+    assert (search.population_size, search.init_min_unmeasured) != (sp.population_size, sp.init_min_unmeasured)
+    kept = sorted(Path("databases/evaluate-gpu/metaschedule").glob("*.tar.xz"))
+    assert len(kept) >= 80
+    for path in kept[:3]:
+        with tarfile.open(path) as t:
+            summary = json.loads(t.extractfile("summary.json").read())
+        assert summary["settings"] == metaschedule.settings(target, p.metaschedule_trials, sp, p.metaschedule_group)
+
+
+def test_metaschedule_search_takes_only_strategy_keys(tmp_path):
+    from pipeline.params import ParamsError, from_dict
+
+    with pytest.raises(ParamsError, match="unknown key"):
+        from_dict(evaluate.EvalParams, {"metaschedule_search": {"max_mflop": 1}})
+    with pytest.raises(ParamsError, match="integers >= 1"):
+        from_dict(evaluate.EvalParams, {"metaschedule_search": {"population_size": 0}})
+    assert from_dict(evaluate.EvalParams, {"metaschedule_search": {"population_size": 64}}).metaschedule_search == \
+        {"population_size": 64}

@@ -137,6 +137,56 @@ def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatc
     assert calls == []                      # nothing left to tune; the failed workload is not retried
 
 
+def test_a_workload_without_a_design_space_leaves_the_rest_of_its_shard_together(tmp_path, monkeypatch):
+    """When a run raises, the workloads whose design space cannot be generated are listed as
+    failed and the others are tuned together again (not one at a time)."""
+    from pipeline.stages import search
+
+    p = _params(tmp_path, num_workloads=3, shard_size=3)
+    ids = [s.id for s in select_workloads(p)]
+    bad, calls, checked = ids[1], [], []
+    real = search._tune_shard
+
+    def flaky(p_, target, shard_dir, pending, bar, pool=None):
+        calls.append(sorted(s.id for s, _, _ in pending))
+        if bad in calls[-1]:
+            raise IndexError("Index 6 out of bounds 6")
+        return real(p_, target, shard_dir, pending, bar, pool)
+
+    def no_space(target, spec):
+        checked.append(spec.id)
+        return "IndexError: Index 6 out of bounds 6" if spec.id == bad else None
+
+    monkeypatch.setattr(search, "_tune_shard", flaky)
+    monkeypatch.setattr(search, "design_space_error", no_space)
+    summary = run_search(p, progress=False)
+    assert calls == [sorted(ids), sorted(set(ids) - {bad})]
+    assert sorted(checked) == sorted(ids)
+    assert summary["failed_workloads"] == {bad: "IndexError: Index 6 out of bounds 6"} or \
+        list(summary["failed_workloads"].values()) == ["IndexError: Index 6 out of bounds 6"]
+    assert all(r["trials"] >= 4 for r in summary["per_workload"] if r["id"] != bad)
+    calls.clear()
+    run_search(p, progress=False)
+    assert calls == []
+
+
+def test_design_space_error_names_the_cuda_kernel_tvm_cannot_sketch():
+    """The real case behind the test above (the H200 benchmark's attention_score workload): its
+    CUDA design space raises inside TVM's space generator; a softmax beside it does not."""
+    from pipeline.stages.search import design_space_error
+    from pipeline.tvm_env import make_target
+
+    import dataclasses
+
+    from pipeline import params as P
+
+    p = dataclasses.replace(P.load("search", SearchParams, "profiles/gpu.yaml"), num_workloads=8)
+    specs = {s.id: s for s in select_workloads(p)}
+    target = make_target(p.target)
+    assert design_space_error(target, specs["attention_score-a7a2933885"]).startswith("IndexError")
+    assert design_space_error(target, specs["softmax-bbd132e1db"]) is None
+
+
 def test_builder_workers_are_kept_across_rounds(tmp_path):
     """The persistent builder builds every round with the same worker processes (TVM's
     LocalBuilder starts new ones each round), and the stage logs its throughput."""

@@ -48,6 +48,9 @@ DEFAULT_GATES = {"min_construction_correctness": 0.90, "min_refinement_correctne
                  "min_speedup": 1.0, "max_latency_ratio": 1.0}
 
 
+METASCHEDULE_SEARCH_KEYS = ("population_size", "genetic_num_iters", "init_min_unmeasured")
+
+
 @dataclass
 class EvalParams:
     models: dict = field(default_factory=lambda: {"sft": "models/sft", "rl": "models/rl"})
@@ -85,6 +88,10 @@ class EvalParams:
     # recorded as "untimed". Measured on 32 H200 tasks (python -m pipeline.bench.retime_top):
     # the checker's best of the 24 fastest was its best of all 64 on every task
     metaschedule_retime: int | None = None
+    # the evaluation's MetaSchedule runs search with these settings where they differ from the
+    # search stage's (keys: METASCHEDULE_SEARCH_KEYS): the campaign's search can change for speed
+    # while the baseline, and the evaluation runs kept with its settings, stay as they were
+    metaschedule_search: dict = field(default_factory=dict)
     # The candidate again, with a cost model choosing what to measure (pipeline.cost_model,
     # pre-trained on the target's search campaign): it writes `rerank_oversample` x `attempts`
     # scripts per construction prompt and the `attempts` best-predicted are checked. Reported as
@@ -107,6 +114,11 @@ class EvalParams:
         P.require(self.rerank_oversample >= 1, "evaluate.rerank_oversample must be >= 1 (1: no cost model)")
         P.require(self.metaschedule_retime is None or self.metaschedule_retime >= 1,
                   "evaluate.metaschedule_retime must be >= 1 or null (all)")
+        unknown = sorted(set(self.metaschedule_search) - set(METASCHEDULE_SEARCH_KEYS))
+        P.require(not unknown, f"evaluate.metaschedule_search: unknown key(s) {unknown}; "
+                               f"known: {list(METASCHEDULE_SEARCH_KEYS)}")
+        P.require(all(isinstance(v, int) and v >= 1 for v in self.metaschedule_search.values()),
+                  "evaluate.metaschedule_search: values must be integers >= 1")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
         cluster.check_address(self.cluster, "evaluate.cluster")
         for item in self.te_suite:
@@ -1070,7 +1082,7 @@ def evaluate_on_cluster(params_path: str, p: EvalParams, tasks: list[Task], labe
 
 def _settings(params_path: str):
     """(evaluate params, search params, generation params, target spec, target, the corpus
-    section) from the file."""
+    section) from the file; the search params with `evaluate.metaschedule_search` applied."""
     import yaml
 
     from pipeline.generate import GenerationParams
@@ -1079,7 +1091,7 @@ def _settings(params_path: str):
 
     p = P.load("evaluate", EvalParams, params_path)
     raw = yaml.safe_load(Path(params_path).read_text())
-    sp = P.from_dict(SearchParams, raw["search"], "search")
+    sp = replace(P.from_dict(SearchParams, raw["search"], "search"), **p.metaschedule_search)
     g = P.from_dict(GenerationParams, {**raw.get("sft", {}).get("generation", {}), "attempts": p.attempts},
                     "sft.generation")
     target_spec = raw["search"]["target"]

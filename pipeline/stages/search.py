@@ -14,9 +14,10 @@ Resumable: a workload whose database already holds its trial budget is skipped, 
 JSONDatabase appends each measured candidate as it comes, so an interrupted run loses at
 most the candidates in flight. A candidate that fails to build or run is data: MetaSchedule
 stores it with run_secs 1e10 and its error message goes to `errors.jsonl`. So does an
-exception of TVM's task scheduler: the shard's other workloads are tuned one at a time and
-a workload that fails alone is listed in `failed.json` and not retried; one whose search
-ends short of its budget (the design space gives nothing new) goes to `exhausted.json`.
+exception of TVM's: a workload whose design space cannot be generated is listed in
+`failed.json` and the shard's others are tuned together again, or else one at a time, and a
+workload that fails alone is listed there too; none is retried. One whose search ends short
+of its budget (the design space gives nothing new) goes to `exhausted.json`.
 """
 
 from __future__ import annotations
@@ -236,24 +237,64 @@ def _mark_exhausted(p: SearchParams, shard_dir: Path, tuned: list[tuple[Spec, st
         files.write_json(shard_dir / "exhausted.json", {**_exhausted(shard_dir), **short})
 
 
-def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
-                      bar, pool=None) -> Phases:
-    """Tune the shard's pending workloads together; if TVM's task scheduler raises (seen on
-    the H200: `IndexError: Index 3 out of bounds 3` inside TaskSchedulerTune), keep what was
-    measured, log the error, and tune the rest one workload at a time, so one bad workload
-    costs only itself. A workload that fails alone goes to failed.json and the stage goes on."""
-    phases = Phases()
-    pending = _pending(p, shard_dir, shard, entries)
-    if not pending:
-        return phases
+def design_space_error(target, spec: Spec) -> str | None:
+    """Why MetaSchedule cannot generate the workload's design space on `target` (None if it
+    can). Seen on the H200's target: a fused attention_score kernel whose space generator raises
+    `IndexError: Index 6 out of bounds 6`; such a workload makes any run it is in raise at once."""
+    from pipeline.space import generator
+
+    try:
+        ms.TuneContext(mod=build(spec), target=target, space_generator=generator(target),
+                       task_name=spec.id).generate_design_space()
+    except Exception as err:   # noqa: BLE001 - anything TVM raises is the answer
+        return _why(err)
+    return None
+
+
+def _why(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
+
+
+def _list_failed(shard_dir: Path, why: dict[str, str]) -> None:
+    files.write_json(shard_dir / "failed.json", {**_failed(shard_dir), **why})
+
+
+def _tune_group(p: SearchParams, target, shard_dir: Path, group, bar, pool, phases: Phases) -> bool:
+    """Tune `group` in one run; False (its error logged, its time counted apart) if TVM raised."""
     start = time.perf_counter()
     try:
-        phases.add(_tune_shard(p, target, shard_dir, pending, bar, pool))
-        _mark_exhausted(p, shard_dir, pending)
-        return phases
+        phases.add(_tune_shard(p, target, shard_dir, group, bar, pool))
+        _mark_exhausted(p, shard_dir, group)
+        return True
     except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
         phases.failed_run_s += time.perf_counter() - start
-        _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in pending], err)
+        _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in group], err)
+        return False
+
+
+def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
+                      bar, pool=None) -> Phases:
+    """Tune the shard's pending workloads together; if TVM raises (seen on the H200:
+    `IndexError: Index 3 out of bounds 3` inside TaskSchedulerTune), keep what was measured and
+    log the error. Then the workloads whose design space cannot be generated are listed in
+    failed.json and the rest is tuned together again (one such workload had sent its whole
+    shard to one-at-a-time tuning, where each task fills and drains the build/measure pipeline
+    alone: reports/bench_search_h200_strat.json); if that raises too, the rest is tuned one
+    workload at a time, so one bad workload costs only itself. A workload that fails alone
+    goes to failed.json. The stage goes on in every case."""
+    phases = Phases()
+    pending = _pending(p, shard_dir, shard, entries)
+    if not pending or _tune_group(p, target, shard_dir, pending, bar, pool, phases):
+        return phases
+    start = time.perf_counter()
+    no_space = {h: why for spec, h, _ in pending if (why := design_space_error(target, spec)) is not None}
+    phases.failed_run_s += time.perf_counter() - start
+    if no_space:
+        _list_failed(shard_dir, no_space)
+        rest = _pending(p, shard_dir, shard, entries)
+        if not rest or (len(rest) > 1 and _tune_group(p, target, shard_dir, rest, bar, pool, phases)):
+            return phases
     for one in _pending(p, shard_dir, shard, entries):
         start = time.perf_counter()
         try:
@@ -262,9 +303,7 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
         except Exception as err:   # noqa: BLE001
             phases.failed_run_s += time.perf_counter() - start
             _log_scheduler_error(shard_dir, [one[0].id], err)
-            failed = _failed(shard_dir)
-            failed[one[1]] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"[:500]
-            files.write_json(shard_dir / "failed.json", failed)
+            _list_failed(shard_dir, {one[1]: _why(err)})
     return phases
 
 
