@@ -226,6 +226,7 @@ def test_optimize_rejects_a_bad_target(tmp_path, capsys):
     assert "no-such-target" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 def test_optimize_returns_only_verified_scripts(tmp_path, capsys, cpu_target):
     from pipeline.codec import decode
     from pipeline.optimize import load_kernel

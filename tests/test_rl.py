@@ -132,6 +132,7 @@ def _resumable_params(tmp_path, cpu_target, monkeypatch, steps=1):
     return params
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatch):
     """rl.resume: a second run continues the first run's adapter (not the SFT model again), and
     its report covers both runs' steps."""

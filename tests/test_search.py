@@ -67,6 +67,7 @@ def test_bad_params_are_rejected_with_a_fix(tmp_path, over, match):
         _params(tmp_path, **over)
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 def test_a_search_killed_mid_write_resumes_with_every_record_once(tmp_path):
     """A real SIGKILL of the search process while it appends records, and half a record left
     at the end of the database (what a kill inside a write leaves): TVM's JSONDatabase would
@@ -221,6 +222,7 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 @pytest.mark.parametrize("devices,labels", [([0, 1], {"gpu0", "gpu1"}), ([0, 0], {"gpu0.0", "gpu0.1"})])
 def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path, devices, labels):
     """One process per GPU, or two sharing GPU 0 (taking turns to measure behind one lock file):
@@ -320,8 +322,9 @@ def test_replay_first_round_then_evolutionary_search(tmp_path):
     assert log[0]["first_round"] == "replay" and log[0]["rounds"] == 2
 
 
-# TVM's own server in the slow phase: the default keeps the project's (same search, ~80 s each)
-@pytest.mark.parametrize("server", [pytest.param("tvm.exec.rpc_server", marks=pytest.mark.slow), "pipeline.rpc_server"])
+# both in the slow phase (the same search, 80-100 s each), so the default stays under 15 min
+@pytest.mark.parametrize("server", [pytest.param("tvm.exec.rpc_server", marks=pytest.mark.slow),
+                                    pytest.param("pipeline.rpc_server", marks=pytest.mark.slow)])
 def test_search_measures_through_tvm_rpc_tracker_and_server(tmp_path, server):
     """runner: rpc - TVM's own tracker and one CPU RPC server on 127.0.0.1 measure the
     candidates (loopback; on a cluster the servers run on the GPU hosts): TVM's server, and

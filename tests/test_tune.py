@@ -16,6 +16,7 @@ C = te.compute((16, 64), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="m
 """
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 def test_tune_measures_n_candidates_into_a_database_tvm_reads_and_resumes(tmp_path, capsys, cpu_target):
     from pipeline import files
     from pipeline.optimize import load_kernel

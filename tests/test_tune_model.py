@@ -25,6 +25,7 @@ mod, _ = GatedMLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor((16, 64), "
 """
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 def test_tune_model_tunes_every_task_and_the_network_end_to_end(tmp_path, capsys, cpu_target):
     from pipeline import tune_model as tm
     from pipeline.tvm_env import ms

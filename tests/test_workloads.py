@@ -53,6 +53,7 @@ def test_held_out_suite_is_loaded():
     assert len(held) >= 50  # te_workload's configurations (Winograd excepted)
 
 
+@pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 def test_whole_catalog_distinct_and_disjoint_from_held_out():
     """Builds and hashes all ~56k workloads (about a minute)."""
     report = verify(catalog(0), progress=False)

@@ -260,17 +260,17 @@ def _list_failed(shard_dir: Path, why: dict[str, str]) -> None:
     files.write_json(shard_dir / "failed.json", {**_failed(shard_dir), **why})
 
 
-def _tune_group(p: SearchParams, target, shard_dir: Path, group, bar, pool, phases: Phases) -> bool:
-    """Tune `group` in one run; False (its error logged, its time counted apart) if TVM raised."""
+def _tune_group(p: SearchParams, target, shard_dir: Path, group, bar, pool, phases: Phases) -> str | None:
+    """Tune `group` in one run: None, or why TVM raised (the error logged, its time counted apart)."""
     start = time.perf_counter()
     try:
         phases.add(_tune_shard(p, target, shard_dir, group, bar, pool))
         _mark_exhausted(p, shard_dir, group)
-        return True
+        return None
     except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
         phases.failed_run_s += time.perf_counter() - start
         _log_scheduler_error(shard_dir, [spec.id for spec, _, _ in group], err)
-        return False
+        return _why(err)
 
 
 def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
@@ -285,7 +285,7 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
     goes to failed.json. The stage goes on in every case."""
     phases = Phases()
     pending = _pending(p, shard_dir, shard, entries)
-    if not pending or _tune_group(p, target, shard_dir, pending, bar, pool, phases):
+    if not pending or _tune_group(p, target, shard_dir, pending, bar, pool, phases) is None:
         return phases
     start = time.perf_counter()
     no_space = {h: why for spec, h, _ in pending if (why := design_space_error(target, spec)) is not None}
@@ -293,17 +293,12 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
     if no_space:
         _list_failed(shard_dir, no_space)
         rest = _pending(p, shard_dir, shard, entries)
-        if not rest or (len(rest) > 1 and _tune_group(p, target, shard_dir, rest, bar, pool, phases)):
+        if not rest or (len(rest) > 1 and _tune_group(p, target, shard_dir, rest, bar, pool, phases) is None):
             return phases
     for one in _pending(p, shard_dir, shard, entries):
-        start = time.perf_counter()
-        try:
-            phases.add(_tune_shard(p, target, shard_dir, [one], bar, pool))
-            _mark_exhausted(p, shard_dir, [one])
-        except Exception as err:   # noqa: BLE001
-            phases.failed_run_s += time.perf_counter() - start
-            _log_scheduler_error(shard_dir, [one[0].id], err)
-            _list_failed(shard_dir, {one[1]: _why(err)})
+        why = _tune_group(p, target, shard_dir, [one], bar, pool, phases)
+        if why is not None:
+            _list_failed(shard_dir, {one[1]: why})
     return phases
 
 
