@@ -33,6 +33,8 @@ def settings(target, trials: int, sp, group: int = 1) -> dict:
            "first_round": sp.first_round}
     if getattr(sp, "init_min_unmeasured", 50) != 50:     # named only when not MetaSchedule's default: kept runs stay valid
         out["init_min_unmeasured"] = sp.init_min_unmeasured
+    if getattr(sp, "max_fail_count", 5) != 5:
+        out["max_fail_count"] = sp.max_fail_count
     return {**out, "tasks_per_run": group} if group > 1 else out
 
 

@@ -250,14 +250,16 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
     second batch on, the evolutionary search runs as usual, with the first batch in the
     database and the cost model trained on it."""
 
-    def __init__(self, population_size: int, genetic_num_iters: int, init_min_unmeasured: int = 50) -> None:
+    def __init__(self, population_size: int, genetic_num_iters: int, init_min_unmeasured: int = 50,
+                 max_fail_count: int = 5) -> None:
         super().__init__()
         self.population_size, self.genetic_num_iters = population_size, genetic_num_iters
-        self.init_min_unmeasured = init_min_unmeasured
+        self.init_min_unmeasured, self.max_fail_count = init_min_unmeasured, max_fail_count
         self.replay = ms.search_strategy.ReplayTrace()
         self.evolve = ms.search_strategy.EvolutionarySearch(population_size=population_size,
                                                             genetic_num_iters=genetic_num_iters,
-                                                            init_min_unmeasured=init_min_unmeasured)
+                                                            init_min_unmeasured=init_min_unmeasured,
+                                                            max_fail_count=max_fail_count)
         self.first, self.evolve_trials = True, 0
 
     def _initialize_with_tune_context(self, context) -> None:
@@ -295,7 +297,8 @@ class ReplayFirst(ms.search_strategy.PySearchStrategy):
         self.first = False
 
     def clone(self):
-        return ReplayFirst(self.population_size, self.genetic_num_iters, self.init_min_unmeasured)
+        return ReplayFirst(self.population_size, self.genetic_num_iters, self.init_min_unmeasured,
+                           self.max_fail_count)
 
 
 def strategy(sp):
@@ -304,10 +307,11 @@ def strategy(sp):
     (MetaSchedule's default 50); on a design space where most samples fail the GPU checks, that
     floor, not the population, sets the round's sampling cost (pipeline.bench.strategy)."""
     if sp.first_round == "replay":
-        return ReplayFirst(sp.population_size, sp.genetic_num_iters, sp.init_min_unmeasured)
+        return ReplayFirst(sp.population_size, sp.genetic_num_iters, sp.init_min_unmeasured, sp.max_fail_count)
     return ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
                                                  genetic_num_iters=sp.genetic_num_iters,
-                                                 init_min_unmeasured=sp.init_min_unmeasured)
+                                                 init_min_unmeasured=sp.init_min_unmeasured,
+                                                 max_fail_count=sp.max_fail_count)
 
 
 def make_runner(sp):

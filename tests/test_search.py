@@ -441,11 +441,13 @@ def test_init_min_unmeasured_reaches_metaschedules_strategy(tmp_path):
     from pipeline.tuning import ReplayFirst, strategy
 
     p = dataclasses.replace(_params(tmp_path), population_size=64, trials_per_iter=8, trials_per_workload=16,
-                            init_min_unmeasured=12, first_round="replay")
+                            init_min_unmeasured=12, max_fail_count=20, first_round="replay")
     s = strategy(p)
-    assert isinstance(s, ReplayFirst) and s.evolve.init_min_unmeasured == 12
-    assert s._inst.clone().evolve.init_min_unmeasured == 12     # what MetaSchedule clones per task
-    assert strategy(dataclasses.replace(p, first_round="evolutionary")).init_min_unmeasured == 12
+    assert isinstance(s, ReplayFirst) and s.evolve.init_min_unmeasured == 12 and s.evolve.max_fail_count == 20
+    clone = s._inst.clone().evolve     # what MetaSchedule clones per task
+    assert clone.init_min_unmeasured == 12 and clone.max_fail_count == 20
+    evo = strategy(dataclasses.replace(p, first_round="evolutionary"))
+    assert evo.init_min_unmeasured == 12 and evo.max_fail_count == 20
     assert SearchParams.__dataclass_fields__["init_min_unmeasured"].default == 50   # MetaSchedule's own
     with pytest.raises(ValueError, match="init_min_unmeasured"):
         dataclasses.replace(p, init_min_unmeasured=0)
@@ -457,3 +459,7 @@ def test_init_min_unmeasured_reaches_metaschedules_strategy(tmp_path):
     target = tvm.target.Target("llvm")
     assert "init_min_unmeasured" not in metaschedule.settings(target, 4, dataclasses.replace(p, init_min_unmeasured=50))
     assert metaschedule.settings(target, 4, p)["init_min_unmeasured"] == 12
+    assert "max_fail_count" not in metaschedule.settings(target, 4, dataclasses.replace(p, max_fail_count=5))
+    assert metaschedule.settings(target, 4, p)["max_fail_count"] == 20
+    with pytest.raises(ValueError, match="max_fail_count"):
+        dataclasses.replace(p, max_fail_count=0)

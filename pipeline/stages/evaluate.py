@@ -48,7 +48,7 @@ DEFAULT_GATES = {"min_construction_correctness": 0.90, "min_refinement_correctne
                  "min_speedup": 1.0, "max_latency_ratio": 1.0}
 
 
-METASCHEDULE_SEARCH_KEYS = ("population_size", "genetic_num_iters", "init_min_unmeasured")
+METASCHEDULE_SEARCH_KEYS = ("population_size", "genetic_num_iters", "init_min_unmeasured", "max_fail_count")
 
 
 @dataclass

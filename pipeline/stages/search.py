@@ -60,6 +60,7 @@ class SearchParams:
     population_size: int = 512       # evolutionary search; MetaSchedule's default
     genetic_num_iters: int = 4
     init_min_unmeasured: int = 50    # valid random samples an evolutionary round needs (MetaSchedule's default)
+    max_fail_count: int = 5          # sampling passes with no valid sample before a round gives up (MetaSchedule's)
     work_dir: str = "data/search"
     report: str = "reports/search.json"
     offset: int = 0                  # skip this many eligible workloads (held-out splits, sharding across machines)
@@ -105,6 +106,7 @@ class SearchParams:
         P.require(self.builder_workers > 0, "builder_workers must be > 0")
         P.require(self.population_size >= self.trials_per_iter, "population_size must be >= trials_per_iter")
         P.require(self.init_min_unmeasured >= 1, "init_min_unmeasured must be >= 1")
+        P.require(self.max_fail_count >= 1, "max_fail_count must be >= 1")
         unknown = sorted(set(self.families) - set(FAMILIES))
         P.require(not unknown, f"unknown families {unknown}; choose from {sorted(FAMILIES)}")
         P.require(bool(self.families), "families must list at least one family")
@@ -380,7 +382,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                     "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
                     "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
-                    "init_min_unmeasured": p.init_min_unmeasured, "first_round": p.first_round,
+                    "init_min_unmeasured": p.init_min_unmeasured, "max_fail_count": p.max_fail_count,
+                    "first_round": p.first_round,
                     "overlap": p.overlap, "baselines_beside": timer.beside,
                     "trials_per_iter": p.trials_per_iter, **done.to_json()})
         bar.close()
