@@ -25,16 +25,18 @@ class Tuned:
     run: str = ""                 # digest of the run's database: which run these candidates are
 
 
+# MetaSchedule's EvolutionarySearch defaults for the settings the search params added later
+STRATEGY_DEFAULTS = {"init_min_unmeasured": 50, "max_fail_count": 5}
+
+
 def settings(target, trials: int, sp, group: int = 1) -> dict:
     """What a tuning run's result depends on (a finished run with the same ones is reused).
     `group`: up to how many kernels one MetaSchedule run tunes together (see `tune_group`)."""
     out = {"target": str(target), "trials": trials, "trials_per_iter": min(sp.trials_per_iter, trials),
            "population_size": sp.population_size, "genetic_num_iters": sp.genetic_num_iters,
            "first_round": sp.first_round}
-    if getattr(sp, "init_min_unmeasured", 50) != 50:     # named only when not MetaSchedule's default: kept runs stay valid
-        out["init_min_unmeasured"] = sp.init_min_unmeasured
-    if getattr(sp, "max_fail_count", 5) != 5:
-        out["max_fail_count"] = sp.max_fail_count
+    # named only when not MetaSchedule's default: runs kept before the setting existed stay valid
+    out.update({k: getattr(sp, k) for k, default in STRATEGY_DEFAULTS.items() if getattr(sp, k, default) != default})
     return {**out, "tasks_per_run": group} if group > 1 else out
 
 

@@ -467,11 +467,10 @@ def test_the_gpu_profiles_metaschedule_runs_keep_the_settings_of_the_kept_runs()
     from pathlib import Path
 
     from pipeline import metaschedule
-
-    p, sp, _, _, target, _ = evaluate._settings("profiles/gpu.yaml")
     from pipeline.params import load
     from pipeline.stages.search import SearchParams
 
+    p, sp, _, _, target, _ = evaluate._settings("profiles/gpu.yaml")
     search = load("search", SearchParams, "profiles/gpu.yaml")
     assert (search.population_size, search.init_min_unmeasured) != (sp.population_size, sp.init_min_unmeasured)
     kept = sorted(Path("databases/evaluate-gpu/metaschedule").glob("*.tar.xz"))

@@ -174,12 +174,11 @@ def test_a_workload_without_a_design_space_leaves_the_rest_of_its_shard_together
 def test_design_space_error_names_the_cuda_kernel_tvm_cannot_sketch():
     """The real case behind the test above (the H200 benchmark's attention_score workload): its
     CUDA design space raises inside TVM's space generator; a softmax beside it does not."""
-    from pipeline.stages.search import design_space_error
-    from pipeline.tvm_env import make_target
-
     import dataclasses
 
     from pipeline import params as P
+    from pipeline.stages.search import design_space_error
+    from pipeline.tvm_env import make_target
 
     p = dataclasses.replace(P.load("search", SearchParams, "profiles/gpu.yaml"), num_workloads=8)
     specs = {s.id: s for s in select_workloads(p)}
