@@ -9,9 +9,11 @@ import pytest
 def test_strategy_variants_parse_and_bad_ones_exit_with_one_line():
     from pipeline.bench.strategy import parse_variant
 
-    assert parse_variant("256x2") == (256, 2, None)
-    assert parse_variant("128X1/16") == (128, 1, 16)
-    for bad in ("256", "x2", "256x2/0", "64x-1", "0x2", "ax2"):
+    assert parse_variant("256x2") == (256, 2, None, None)
+    assert parse_variant("128X1/16") == (128, 1, 16, None)
+    assert parse_variant("128x2/16@32") == (128, 2, 16, 32)
+    assert parse_variant("64x1@8") == (64, 1, None, 8)
+    for bad in ("256", "x2", "256x2/0", "64x-1", "0x2", "ax2", "128x2@0", "128x2/16@", "128x2@a"):
         with pytest.raises(SystemExit) as err:
             parse_variant(bad)
         assert "\n" not in str(err.value.code)
@@ -36,9 +38,11 @@ def test_strategy_bench_profiles_a_cuda_search_without_a_gpu(tmp_path):
     from pipeline.bench.strategy import run
 
     out = tmp_path / "strategy.json"
-    run("profiles/gpu.yaml", ["32x1/8"], workloads=1, trials=16, threads=1, out_path=str(out))
-    row = json.loads(out.read_text())["runs"][0]
+    run("profiles/gpu.yaml", ["32x1/8", "32x1/8@8"], workloads=1, trials=16, threads=1, out_path=str(out))
+    row, halves = json.loads(out.read_text())["runs"]
     assert row["measured"] >= 16 and row["init_min_unmeasured"] == 8
+    assert row["trials_per_iter"] == 16 and halves["trials_per_iter"] == 8     # the profile's 16; then 8
+    assert halves["measured"] >= 16
     assert row["profile"]["Total"] > 0
     assert (tmp_path / "strategy.png").stat().st_size > 0
 

@@ -3,15 +3,17 @@ the GPU stood in, so that only the scheduler's side is left (the critical path o
 overlapped search on the H200: `other_s` of its parts).
 
     python -m pipeline.bench.strategy --params profiles/gpu.yaml [--workloads 4] [--trials 32] \
-        [--variants 256x2 256x2/16 128x2/16] [--threads N] [--out reports/bench_strategy_cpu.json]
+        [--variants 256x2 256x2/16 128x2/16 128x2/16@32] [--threads N] [--out reports/bench_strategy_cpu.json]
 
 Real: the CUDA target, the search stage's first workloads (one shard: the first part of the
 H200 benchmark's 8), its design space, ReplayFirst + evolutionary search, MetaSchedule's XGBoost
 cost model trained after every round, the database and the measure callbacks. Stood in: the
 builder (an empty artifact folder per candidate, no compile) and the GPU (a random latency at
 once), so what the strategy finds means nothing; its time per candidate is what is measured.
-Each variant is `POPxGENS[/MIN]` (population size x genetic iterations of the evolutionary search,
-MIN: the valid random samples a round needs, `search.init_min_unmeasured`);
+Each variant is `POPxGENS[/MIN][@PER]` (population size x genetic iterations of the evolutionary search,
+MIN: the valid random samples a round needs, `search.init_min_unmeasured`; PER: candidates a round,
+`search.trials_per_iter`, capped by `--trials`: a round's search costs about the same whatever it
+picks, so more a round is less scheduler time a candidate, and fewer rounds evolved from measurements);
 MetaSchedule's Profiler says which of its scopes took the time (`profile`, seconds; plotted
 beside the JSON, `.png`).
 """
@@ -42,17 +44,19 @@ class NoBuild(ms.builder.PyBuilder):
         return [ms.builder.BuilderResult(artifact_path(), None) for _ in build_inputs]
 
 
-def parse_variant(text: str) -> tuple[int, int, int | None]:
-    """`POPxGENS` or `POPxGENS/MIN` (MIN: init_min_unmeasured; default the params')."""
+def parse_variant(text: str) -> tuple[int, int, int | None, int | None]:
+    """`POPxGENS[/MIN][@PER]` (MIN: init_min_unmeasured, PER: trials_per_iter; default the params')."""
     try:
-        head, _, floor = text.lower().partition("/")
+        rest, at, per_text = text.lower().partition("@")
+        head, slash, floor = rest.partition("/")
         pop, gens = (int(x) for x in head.split("x"))
-        least = int(floor) if floor else None
+        least = int(floor) if slash else None
+        per = int(per_text) if at else None
     except ValueError:
-        raise SystemExit(f"variant {text!r}: expected POPxGENS or POPxGENS/MIN, e.g. 256x2 or 256x2/16") from None
-    if pop < 1 or gens < 0 or (least is not None and least < 1):
-        raise SystemExit(f"variant {text!r}: population must be >= 1, generations >= 0 and MIN >= 1")
-    return pop, gens, least
+        raise SystemExit(f"variant {text!r}: expected POPxGENS[/MIN][@PER], e.g. 256x2, 256x2/16 or 128x2/16@32") from None
+    if pop < 1 or gens < 0 or (least is not None and least < 1) or (per is not None and per < 1):
+        raise SystemExit(f"variant {text!r}: population must be >= 1, generations >= 0, MIN and PER >= 1")
+    return pop, gens, least, per
 
 
 def run(params_path: str, variants: list[str], workloads: int, trials: int, threads: int | None,
@@ -79,9 +83,10 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, thre
            "num_threads": threads, "runs": []}
     mods = [(s.id, build(s)) for s in specs]
     for text in variants:
-        pop, gens, least = parse_variant(text)
+        pop, gens, least, per = parse_variant(text)
+        per = min(per or p.trials_per_iter, trials)
         # the strategy's threads: TuneContext.num_threads, which tuning.tune takes from builder_workers
-        v = dataclasses.replace(p, population_size=max(pop, p.trials_per_iter), genetic_num_iters=gens,
+        v = dataclasses.replace(p, population_size=max(pop, per), genetic_num_iters=gens, trials_per_iter=per,
                                 init_min_unmeasured=least or p.init_min_unmeasured, builder_workers=threads)
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
@@ -92,7 +97,7 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, thre
             measured = len(ms.database.JSONDatabase(work_dir=tmp))
         profile = {k: round(float(s), 2) for k, s in sorted(prof.get().items(), key=lambda kv: -float(kv[1]))}
         row = {"variant": text, "population_size": v.population_size, "genetic_num_iters": gens,
-               "init_min_unmeasured": v.init_min_unmeasured,
+               "init_min_unmeasured": v.init_min_unmeasured, "trials_per_iter": per,
                "measured": measured, "seconds": round(seconds, 1),
                "seconds_per_candidate": round(seconds / max(measured, 1), 3),
                "candidates_per_min": round(60 * measured / seconds, 1), "profile": profile}
