@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.space import apply_postprocs
-from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, tvm
+from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, last_line, tvm
 
 CATEGORIES = (
     "syntax", "unknown_instruction", "undefined_name", "arity", "tile_product",
@@ -291,7 +291,7 @@ def expand_index_map(text: str) -> str:
         final = parse_list(tail)
         graph = tvm.ir.save_json(tvm.tirx.IndexMap(initial, final, None))
     except TVM_ERRORS as err:
-        raise _Bad("syntax", f"bad index map: {str(err).strip().splitlines()[-1][:200]}") from None
+        raise _Bad("syntax", f"bad index map: {(last_line(err) or type(err).__name__)[:200]}") from None
     return json.dumps(json.loads(graph), indent=2) if indented else graph
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.tvm_env import TVM_ERRORS, Schedule, tvm
+from pipeline.tvm_env import TVM_ERRORS, Schedule, last_line, tvm
 
 _DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32",
           "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "b"}
@@ -45,7 +45,7 @@ def describe(mod: "tvm.IRModule") -> str:
         root = sch.get_sblock("root")
         blocks = sch.get_child_blocks(root)
     except TVM_ERRORS as err:
-        raise DescribeError(f"cannot read the kernel's blocks: {str(err).strip().splitlines()[-1]}") from None
+        raise DescribeError(f"cannot read the kernel's blocks: {last_line(err) or type(err).__name__}") from None
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     func = mod[mod.get_global_vars()[0]]

@@ -78,7 +78,7 @@ def _load_kernel_json(path: str) -> tuple[bool, str]:
 
 def _load_kernel_here(path: str | Path):
     """load_kernel's work, in the current process."""
-    from pipeline.tvm_env import tvm
+    from pipeline.tvm_env import last_line, tvm
 
     path = Path(path)
     if not path.is_file():
@@ -102,7 +102,7 @@ def _load_kernel_here(path: str | Path):
                 try:
                     found.append(tvm.IRModule({"main": tvm.te.create_prim_func(tensors)}))
                 except Exception as err:
-                    raise KernelError(f"{path}: te.create_prim_func on its tensors failed: {str(err).splitlines()[-1]}") from None
+                    raise KernelError(f"{path}: te.create_prim_func on its tensors failed: {last_line(err) or type(err).__name__}") from None
     else:
         try:
             obj = tvm.script.from_source(text)

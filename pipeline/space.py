@@ -9,7 +9,7 @@ need a GPU.
 
 from __future__ import annotations
 
-from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, ms, target_key, te, tvm
+from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, last_line, ms, target_key, te, tvm
 
 
 _CONTEXTS: dict[str, "ms.TuneContext"] = {}
@@ -65,7 +65,7 @@ def design_spaces(mod: "tvm.IRModule", target: "tvm.target.Target") -> list[Trac
         return [sch.trace for sch in context(target, mod).generate_design_space()]
     except TVM_ERRORS as err:
         # Seen with TVM 0.27: attention_score on CUDA raises IndexError inside a schedule rule.
-        raise SpaceError(f"no design space on {target.kind.name}: {str(err).strip().splitlines()[-1]}") from None
+        raise SpaceError(f"no design space on {target.kind.name}: {last_line(err) or type(err).__name__}") from None
 
 
 def apply_postprocs(sch: Schedule, target: "tvm.target.Target") -> bool:

@@ -46,7 +46,7 @@ def _load_json(path: str) -> tuple[bool, str]:
 def load_network_here(path: str | Path):
     from tvm import relax
 
-    from pipeline.tvm_env import tvm
+    from pipeline.tvm_env import last_line, tvm
 
     path = Path(path)
     if not path.is_file() or path.suffix != ".py":
@@ -54,8 +54,7 @@ def load_network_here(path: str | Path):
     try:
         namespace = runpy.run_path(str(path), run_name="__network__")
     except Exception as err:   # noqa: BLE001 - the user's code: any error is a one-line message
-        last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
-        raise KernelError(f"{path}: running it raised {type(err).__name__}: {last}"[:500]) from None
+        raise KernelError(f"{path}: running it raised {type(err).__name__}: {last_line(err)}"[:500]) from None
     for value in namespace.values():
         if isinstance(value, tvm.IRModule) and any(isinstance(f, relax.Function) for f in value.functions.values()):
             entry_name(value)

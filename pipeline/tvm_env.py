@@ -34,13 +34,20 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir import Schedule, Trace  # noqa: E402
 
 __all__ = ["tvm", "te", "ms", "Schedule", "Trace", "make_target", "worker_init",
-           "structural_hash", "TargetError", "TVM_ERRORS", "target_key"]
+           "structural_hash", "TargetError", "TVM_ERRORS", "target_key", "last_line"]
 
 
 
 # What TVM raises through its FFI: tvm.error.InternalError and ScheduleError are RuntimeErrors;
 # argument and index checks surface as ValueError/TypeError/IndexError/KeyError.
 TVM_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError)
+
+
+def last_line(err: BaseException) -> str:
+    """The last non-blank line of an exception's message ("" for none): TVM's errors carry a
+    C++ traceback before the line that says what went wrong, and one-line messages want that."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 class TargetError(ValueError):
@@ -57,7 +64,7 @@ def make_target(spec: str | dict) -> "tvm.target.Target":
     try:
         return tvm.target.Target(spec)
     except TVM_ERRORS as err:
-        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        first = last_line(err) or type(err).__name__
         raise TargetError(
             f"target {spec!r} is not valid ({first}); use a tag such as 'nvidia/nvidia-h100' "
             'or a JSON dict such as {"kind": "llvm", "num-cores": 2}'

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from pipeline import archive, baselines, cluster, device_lock, files, overlap, params as P, records, tuning
 from pipeline.tuning import Phases
-from pipeline.tvm_env import make_target, ms, structural_hash, tvm
+from pipeline.tvm_env import last_line, make_target, ms, structural_hash, tvm
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
 
 @dataclass
@@ -254,8 +254,7 @@ def design_space_error(target, spec: Spec) -> str | None:
 
 
 def _why(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
+    return f"{type(err).__name__}: {last_line(err)}"[:500]
 
 
 def _list_failed(shard_dir: Path, why: dict[str, str]) -> None:
