@@ -486,7 +486,8 @@ def test_metaschedule_search_takes_only_strategy_keys(tmp_path):
 
     with pytest.raises(ParamsError, match="unknown key"):
         from_dict(evaluate.EvalParams, {"metaschedule_search": {"max_mflop": 1}})
-    with pytest.raises(ParamsError, match="integers >= 1"):
-        from_dict(evaluate.EvalParams, {"metaschedule_search": {"population_size": 0}})
+    for bad in (0, True, 2.0):     # YAML's `true` is a bool, which Python counts as the int 1
+        with pytest.raises(ParamsError, match="integers >= 1"):
+            from_dict(evaluate.EvalParams, {"metaschedule_search": {"population_size": bad}})
     assert from_dict(evaluate.EvalParams, {"metaschedule_search": {"population_size": 64}}).metaschedule_search == \
         {"population_size": 64}

@@ -117,7 +117,8 @@ class EvalParams:
         unknown = sorted(set(self.metaschedule_search) - set(METASCHEDULE_SEARCH_KEYS))
         P.require(not unknown, f"evaluate.metaschedule_search: unknown key(s) {unknown}; "
                                f"known: {list(METASCHEDULE_SEARCH_KEYS)}")
-        P.require(all(isinstance(v, int) and v >= 1 for v in self.metaschedule_search.values()),
+        P.require(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                      for v in self.metaschedule_search.values()),
                   "evaluate.metaschedule_search: values must be integers >= 1")
         P.require(set(self.gates) == set(DEFAULT_GATES), f"evaluate.gates needs exactly {sorted(DEFAULT_GATES)}")
         cluster.check_address(self.cluster, "evaluate.cluster")
