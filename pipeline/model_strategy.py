@@ -21,6 +21,11 @@ The model writes with guided decoding (every script inside the task's design spa
 decodes, applies and is postprocessed); a script TVM still refuses is dropped, never sent to
 the builder. If the model writes nothing usable for a task, its first batch comes from the
 evolutionary search.
+
+The first batch can come from elsewhere than the model: `proposer=` takes an object with
+`propose(mod) -> [Proposal]` (pipeline.transfer.Library: the campaign's best scripts of other
+workloads carried onto this kernel). With more than the batch, `transfer.first` picks which,
+by the search's cost model (`rank="cost"`) or the least changed first (`rank="nearest"`).
 """
 
 from __future__ import annotations
@@ -30,17 +35,19 @@ from pipeline.tvm_env import ms, tvm
 
 @tvm.ir.utils.derived_object
 class ModelFirst(ms.search_strategy.PySearchStrategy):
-    def __init__(self, model, batch: int = 16, population_size: int = 512, genetic_num_iters: int = 4,
-                 seed: int = 0, proposed: list | None = None) -> None:
+    def __init__(self, model=None, batch: int = 16, population_size: int = 512, genetic_num_iters: int = 4,
+                 seed: int = 0, proposed: list | None = None, proposer=None, rank: str = "cost") -> None:
         """`model`: a model folder, or a (model, tokenizer) pair already loaded (shared by
         every task's copy of the strategy, as is `proposed`: the scripts the model wrote that
-        went to measurement, in order)."""
+        went to measurement, in order). `proposer`: writes the first batch instead of a model."""
         super().__init__()
+        if model is None and proposer is None:
+            raise ValueError("ModelFirst needs a model or a proposer")
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             from pipeline import models
 
             model = models.load(model)
-        self.model, self.batch, self.seed = model, batch, seed
+        self.model, self.batch, self.seed, self.proposer, self.rank = model, batch, seed, proposer, rank
         self.population_size, self.genetic_num_iters = population_size, genetic_num_iters
         self.evolve = ms.search_strategy.EvolutionarySearch(population_size=population_size,
                                                             genetic_num_iters=genetic_num_iters)
@@ -89,9 +96,11 @@ class ModelFirst(ms.search_strategy.PySearchStrategy):
 
     def clone(self):
         return ModelFirst(self.model, self.batch, self.population_size, self.genetic_num_iters, self.seed,
-                          self.proposed)
+                          self.proposed, self.proposer, self.rank)
 
     def _from_model(self) -> list:
+        if self.proposer is not None:
+            return self._from_proposer()
         from pipeline import codec
         from pipeline.describe import DescribeError, describe
         from pipeline.generate import GenerationParams, generate
@@ -119,3 +128,18 @@ class ModelFirst(ms.search_strategy.PySearchStrategy):
             self.proposed.append(script)
             out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
         return out
+
+    def _from_proposer(self) -> list:
+        """The proposer's scripts; with more than the batch, the ones the search's cost model
+        (trained or pre-trained; an untrained one scores at random) ranks fastest."""
+        from pipeline.transfer import first
+
+        proposals = self.proposer.propose(self.context.mod)
+        cands = [ms.MeasureCandidate(p.sch, ms.arg_info.ArgInfo.from_prim_func(p.sch.mod["main"])) for p in proposals]
+        cost_model = self._pending[4] if self._pending is not None else None
+        scores = None
+        if len(cands) > self.limit and cost_model is not None:
+            scores = [float(x) for x in cost_model.predict(self.context, cands)]
+        order = first(proposals, self.limit, scores, self.rank)
+        self.proposed.extend(f"{proposals[i].source.workload}#{proposals[i].source.rank}" for i in order)
+        return [cands[i] for i in order]

@@ -4,7 +4,7 @@ search at equal measured candidates, on TVM's te_workload kernels, in one run.
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
         [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--checker-workers 2] \
         [--variants model model_cost model_first model_first_cost ms_cost] [--inside-per-iter 4] [--focus 16] \
-        [--inside-search 2048x8] \
+        [--inside-search 2048x8] [--transfer-rank cost|nearest] \
         [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
@@ -45,19 +45,22 @@ def _best_curve(latencies: list[float | None]) -> list[float | None]:
     return out
 
 
-VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost")
+VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost", "transfer_first_cost")
 
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
              oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None,
-             focus: int = 1, inside_search: tuple[int, int] | None = None) -> dict:
+             focus: int = 1, inside_search: tuple[int, int] | None = None, library=None,
+             transfer_rank: str = "cost") -> dict:
     """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
     `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
     use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
     each batch and the cost model chooses what to measure). `inside_per_iter`: candidates a
     round for the variants inside MetaSchedule (default: the yardstick's own, `sp`'s); `focus`:
     how many times their cost model counts the kernel's own measurements (`as_metaschedule`);
-    `inside_search`: their evolutionary search's (population, generations), default the yardstick's."""
+    `inside_search`: their evolutionary search's (population, generations), default the yardstick's.
+    `library()`: the transfer library (pipeline.transfer) of `transfer_first_cost`, whose first
+    batch `transfer_rank` picks (pipeline.transfer.first)."""
     from pipeline import metaschedule
     from pipeline.stages.evaluate import te_module
     from pipeline.tvm_env import make_target
@@ -88,6 +91,12 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             # language model): what the cost model brings without the model's scripts
             row["ms_cost"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_cost",
                                      f"bench_{item}_ms_cost", None, cost, focus)
+        if "transfer_first_cost" in variants:
+            # no language model either: the campaign's best scripts of other workloads carried onto
+            # this kernel (ranked by the pre-trained cost model) as the first batch, then ms_cost
+            row["transfer_first_cost"] = _inside(mod, target, target_spec, trials, sp, checker,
+                                                 tmp / "transfer_first_cost", f"bench_{item}_transfer", None, cost,
+                                                 focus, library(), transfer_rank)
     return row
 
 
@@ -112,9 +121,11 @@ def _tune(mod, target_spec, model, tok, work, checker, trials: int, cost=None, o
     return out
 
 
-def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost, focus: int = 1) -> dict:
+def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost, focus: int = 1,
+            library=None, rank: str = "cost") -> dict:
     """MetaSchedule's own tuning at `trials`: with `model` (a loaded pair), ModelFirst (the
-    model's batch, then the evolutionary search); without, the evolutionary search alone. With
+    model's batch, then the evolutionary search); with `library`, ModelFirst whose batch the
+    library carries over from other workloads; else the evolutionary search alone. With
     `cost`, the search ranks by the pre-trained cost model (`CostModel.as_metaschedule`)."""
     from pipeline import metaschedule
     from pipeline.model_strategy import ModelFirst
@@ -123,9 +134,9 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
     start = time.perf_counter()
     xgb = cost().as_metaschedule(focus) if cost else None
     load_s = time.perf_counter() - start
-    if model is not None:
+    if model is not None or library is not None:
         strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,
-                              genetic_num_iters=sp.genetic_num_iters)
+                              genetic_num_iters=sp.genetic_num_iters, proposer=library, rank=rank)
     else:
         strategy = ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
                                                          genetic_num_iters=sp.genetic_num_iters)
@@ -133,6 +144,8 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
     out = _retimed(tuned, mod, target_spec, checker)
     if model is not None:
         out["from_model"] = len(strategy.proposed)
+    if library is not None:
+        out["transferred_from"] = list(strategy.proposed)
     if cost:
         out["cost_model_load_seconds"] = round(load_s, 1)
     return out
@@ -151,7 +164,8 @@ def _retimed(tuned, mod, target_spec, checker) -> dict:
 LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "metaschedule": "MetaSchedule",
           "model_first": "model first, then MetaSchedule",
           "model_first_cost": "model first, then MetaSchedule with the pre-trained cost model",
-          "ms_cost": "MetaSchedule with the pre-trained cost model"}
+          "ms_cost": "MetaSchedule with the pre-trained cost model",
+          "transfer_first_cost": "campaign scripts carried over first, then MetaSchedule with the pre-trained cost model"}
 
 
 def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
@@ -257,6 +271,9 @@ def main() -> None:
                     help="population and generations of the evolutionary search of the variants inside MetaSchedule "
                          "(e.g. 2048x8: a pre-trained cost model searched harder for the same measurements; "
                          "default: the yardstick's 512x4)")
+    ap.add_argument("--transfer-rank", default="cost", choices=("cost", "nearest"),
+                    help="which carried-over scripts transfer_first_cost measures first: the pre-trained cost "
+                         "model's best, or the least changed by the carrying, one per source workload")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
@@ -296,14 +313,26 @@ def main() -> None:
             pretrained.append(cost_model.for_target(raw["search"]["target"], args.cost_data)[0])
         return pretrained[0].copy()
 
+    libraries = []        # the transfer library, loaded once
+
+    def library():
+        from pipeline import transfer
+
+        if not libraries:
+            libraries.append(transfer.Library(raw["search"]["target"], "/nonexistent") if args.cost_data == "none"
+                             else transfer.Library.for_target(raw["search"]["target"], args.cost_data))
+        return libraries[0]
+
     rows = []
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
-                             args.oversample, cost, args.variants, args.inside_per_iter, args.focus, inside_search))
+                             args.oversample, cost, args.variants, args.inside_per_iter, args.focus, inside_search,
+                             library, args.transfer_rank))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"],
                                     "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, "focus": args.focus,
                                     "inside_search": list(inside_search or (sp.population_size, sp.genetic_num_iters)),
+                                    "transfer_rank": args.transfer_rank,
                                     **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))

@@ -2,7 +2,7 @@
 (`ms.relax_integration.tune_relax`) at equal trials per task, end to end, in one run.
 
     python -m pipeline.bench.tune_model --model models/rl [--trials-per-task 16] \
-        [--networks examples/networks/*.py] [--variants model ms_cost model_first_cost] \
+        [--networks examples/networks/*.py] [--variants model ms_cost model_first_cost transfer_first_cost] \
         [--out reports/bench_tune_model_cpu.json]
 
 Per network: the model tunes every task (pipeline.tune_model); MetaSchedule tunes the same
@@ -16,7 +16,9 @@ per-round worker start-up; its runner is TVM's LocalRunner.
 Beside `model` (little-dragon tune-model), the one-argument ways into MetaSchedule's own Relax
 tuning, same trials: `ms_cost` (`tune_relax(..., cost_model=...)` with the project's cost model
 pre-trained on the target's campaign, `CostModel.as_metaschedule`) and `model_first_cost` (also
-`strategy=ModelFirst(model)`: each task's first half of its trials written by the model).
+`strategy=ModelFirst(model)`: each task's first half of its trials written by the model), and
+`transfer_first_cost` (`strategy=ModelFirst(proposer=transfer.Library...)`: each task's first
+half carried over from the campaign's best scripts of other workloads, pipeline.transfer).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from pipeline import files
 
 
-VARIANTS = ("model", "ms_cost", "model_first_cost")
+VARIANTS = ("model", "ms_cost", "model_first_cost", "transfer_first_cost")
 
 
 def _tune_relax(mod, target, trials: int, n_tasks: int, work: Path, **kw):
@@ -52,9 +54,10 @@ def _tune_relax(mod, target, trials: int, n_tasks: int, work: Path, **kw):
 
 
 def run_network(path: str, model_dir: str | None, target_spec, trials: int, work: Path,
-                variants=("model",), cost=None) -> dict:
+                variants=("model",), cost=None, library=None) -> dict:
     """One network: MetaSchedule's Relax tuning (the yardstick, always) and each of `variants`
-    at the same trials; `cost()` makes a fresh pre-trained cost model."""
+    at the same trials; `cost()` makes a fresh pre-trained cost model, `library()` gives the
+    transfer library."""
     from pipeline import tune_model as tm
     from pipeline.tvm_env import make_target
 
@@ -73,14 +76,15 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
         ours = tm.tune_model(path, target_spec, trials, model_dir, str(work / "model"), progress=False)
         row["model"] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
                         "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
-    for key in ("ms_cost", "model_first_cost"):
+    for key in ("ms_cost", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
         kw = {"cost_model": cost().as_metaschedule()}
-        if key == "model_first_cost":
+        if key != "ms_cost":
             from pipeline.model_strategy import ModelFirst
 
-            kw["strategy"] = ModelFirst(model_dir, batch=max(1, trials // 2))
+            kw["strategy"] = (ModelFirst(model_dir, batch=max(1, trials // 2)) if key == "model_first_cost"
+                              else ModelFirst(proposer=library(), batch=max(1, trials // 2)))
         vdb, v_s = _tune_relax(mod, target, trials, len(tasks), work / key, **kw)
         got = tm.end_to_end(mod, target, vdb, reference=untuned["outputs"])
         row[key] = {"latency_s": got["latency_s"], "measured": len(vdb.get_all_tuning_records()),
@@ -117,7 +121,8 @@ def _plot(rows: list[dict], path: Path) -> None:
 
 
 LABELS = {"model": "model (tune-model)", "ms_cost": "MetaSchedule + pre-trained cost model",
-          "model_first_cost": "ModelFirst + pre-trained cost model"}
+          "model_first_cost": "ModelFirst + pre-trained cost model",
+          "transfer_first_cost": "campaign scripts carried over first + pre-trained cost model"}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -146,11 +151,20 @@ def main(argv: list[str] | None = None) -> dict:
             pretrained.append(cost_model.for_target(target_spec)[0])
         return pretrained[0].copy()
 
+    libraries = []
+
+    def library():    # the transfer library, loaded once
+        if not libraries:
+            from pipeline import transfer
+
+            libraries.append(transfer.Library.for_target(target_spec))
+        return libraries[0]
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.networks:
             row = run_network(path, args.model, target_spec, args.trials_per_task, Path(tmp) / Path(path).stem,
-                              args.variants, cost)
+                              args.variants, cost, library)
             print(json.dumps(row), flush=True)
             rows.append(row)
     out = {"machine": machine(), "target": target_spec, "model": args.model, "variants": args.variants,
