@@ -12,6 +12,10 @@ and, at each sampling instruction, take the valid decision nearest to the source
 - SampleCategorical: the same candidate index (unroll depth, vector width choice);
 - SampleComputeLocation: the same location when the new sketch accepts it, else the nearest.
 
+A source whose sketch has a tile more than the kernel's, for a loop of extent 1 in the source,
+matches without it (`without_unit_tiles`: te_workload's depthwise convolution against the
+catalog's, written as a grouped convolution with one channel a group).
+
 The result is postprocessed like any MetaSchedule candidate; one that a postprocessor rejects
 is dropped. Sources are the campaign kept in git for the target's kind (databases/), without
 the data stage's validation and test workloads, as for the cost model; TVM's te_workload
@@ -59,6 +63,14 @@ def decisions(trace: Trace) -> list:
             d = trace.decisions[inst]
             out.append(tuple(int(x) for x in d) if inst.kind.name == "SamplePerfectTile" else int(d))
     return out
+
+
+def without_unit_tiles(sig: tuple, old: list) -> tuple[tuple, tuple]:
+    """(signature, decisions) without the tiles of loops of extent 1 (every factor 1): the same
+    operator written with a unit loop more (a depthwise convolution as a grouped one, with one
+    input channel a group) has one tile more and is otherwise the same sketch."""
+    keep = [k for k, (s, d) in enumerate(zip(sig, old)) if not (s[0] == "SamplePerfectTile" and math.prod(d) == 1)]
+    return tuple(sig[k] for k in keep), tuple(old[k] for k in keep)
 
 
 def _tile_distance(new: tuple, old: tuple) -> float:
@@ -120,6 +132,14 @@ class Source:
     latency_s: float
     signature: tuple
     decisions: tuple
+
+    def matches(self, by_sig: dict) -> tuple[list, tuple]:
+        """(the sketches of `by_sig` this source walks, with its decisions): its own signature,
+        else the one without its unit tiles."""
+        if self.signature in by_sig:
+            return by_sig[self.signature], self.decisions
+        sig, old = without_unit_tiles(self.signature, self.decisions)
+        return by_sig.get(sig, []), old
 
 
 class Library:
@@ -189,8 +209,9 @@ class Library:
             by_sig.setdefault(signature(sk), []).append(sk)
         out, seen = [], set()
         for src in self.sources:
-            for sk in by_sig.get(src.signature, []):
-                got = retarget(mod, self.target, sk, list(src.decisions))
+            spaces, old = src.matches(by_sig)
+            for sk in spaces:
+                got = retarget(mod, self.target, sk, list(old))
                 if got is None:
                     continue
                 key = str(got[0].trace)

@@ -108,3 +108,14 @@ def test_modelfirst_measures_the_carried_scripts_first(tmp_path, cpu_target):
     carried = {key(p.sch.trace) for p in lib.propose(mod)}
     measured = [key(r.trace) for r in recs]
     assert len(carried & set(measured)) >= 4
+
+
+def test_a_source_with_a_unit_loop_more_matches_without_its_tile():
+    sig = (("SamplePerfectTile", 4, 64), ("SamplePerfectTile", 2, 64), ("SamplePerfectTile", 2, 64),
+           ("SampleCategorical", 4))
+    old = ((2, 2, 2, 2), (1, 1), (3, 1), 2)
+    assert transfer.without_unit_tiles(sig, old) == ((sig[0], sig[2], sig[3]), (old[0], old[2], old[3]))
+    src = transfer.Source("w", 0, 1e-3, sig, old)
+    assert src.matches({sig: ["exact"]}) == (["exact"], old)
+    assert src.matches({(sig[0], sig[2], sig[3]): ["loose"]}) == (["loose"], (old[0], old[2], old[3]))
+    assert src.matches({}) == ([], (old[0], old[2], old[3]))
