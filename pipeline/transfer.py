@@ -145,10 +145,14 @@ class Source:
 class Library:
     """The fastest `per_workload` measured scripts of every workload of a search folder."""
 
-    def __init__(self, target, search_dir: Path | str, exclude: set[str] = frozenset(), per_workload: int = 2):
+    def __init__(self, target, search_dir: Path | str | None, exclude: set[str] = frozenset(), per_workload: int = 2):
+        """`search_dir` None: an empty library (it proposes nothing)."""
         from pipeline.workloads import Spec, build
 
         self.target = make_target(target) if isinstance(target, (str, dict)) else target
+        self.sources: list[Source] = []
+        if search_dir is None:
+            return
         entries = {w["hash"]: w for w in records.workload_entries(search_dir).values()}
         by_workload: dict[str, list] = {}
         for shard in records.shard_dirs(search_dir):
@@ -157,19 +161,18 @@ class Library:
                 if (ref.latency_s is not None and w and w["id"] not in exclude
                         and make_target(w["target"]).kind.name == self.target.kind.name):
                     by_workload.setdefault(ref.workload_hash, []).append(ref)
-        self.sources: list[Source] = []
         for h in sorted(by_workload):
             refs = sorted(by_workload[h], key=lambda r: r.latency_s)[:per_workload]
             mod = build(Spec.from_json(entries[h]))
             for rank, ref in enumerate(refs):
                 sch = Schedule(mod, debug_mask=0)
-                try:
+                try:          # a record that no longer replays (or lacks a decision) is left out
                     Trace.apply_json_to_schedule(records.trace_at(ref), sch)
+                    trace = sch.trace.simplified(remove_postproc=True)
+                    sig, old = signature(trace), tuple(decisions(trace))
                 except TVM_ERRORS:
                     continue
-                trace = sch.trace.simplified(remove_postproc=True)
-                self.sources.append(Source(entries[h]["id"], rank, ref.latency_s, signature(trace),
-                                           tuple(decisions(trace))))
+                self.sources.append(Source(entries[h]["id"], rank, ref.latency_s, sig, old))
         # the campaign's fastest scripts first: every workload's best, then every second best
         self.sources.sort(key=lambda s: (s.rank, s.workload))
 
@@ -191,7 +194,7 @@ class Library:
         kind = (make_target(target) if isinstance(target, (str, dict)) else target).kind.name
         kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
         if kept is None or not (kept / "index.json").exists():
-            return cls(target, Path("/nonexistent"), per_workload=per_workload)
+            return cls(target, None, per_workload=per_workload)
         with tempfile.TemporaryDirectory() as tmp:
             for name in json.loads((kept / "index.json").read_text()):
                 archive.restore(Path(tmp) / name, kept)

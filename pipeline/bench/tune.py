@@ -319,7 +319,7 @@ def main() -> None:
         from pipeline import transfer
 
         if not libraries:
-            libraries.append(transfer.Library(raw["search"]["target"], "/nonexistent") if args.cost_data == "none"
+            libraries.append(transfer.Library(raw["search"]["target"], None) if args.cost_data == "none"
                              else transfer.Library.for_target(raw["search"]["target"], args.cost_data))
         return libraries[0]
 
