@@ -18,8 +18,10 @@ tests/test_cost_model.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -221,13 +223,7 @@ class CostModel:
 
         from pipeline.workloads import Spec, build
 
-        entries = {w["hash"]: w for w in records.workload_entries(search_dir).values()}
-        by_workload: dict[str, list[records.RecordRef]] = {}
-        for shard in records.shard_dirs(search_dir):
-            for ref in records.scan(shard):
-                w = entries.get(ref.workload_hash)
-                if w and w["id"] not in exclude and make_target(w["target"]).kind.name == self.target.kind.name:
-                    by_workload.setdefault(ref.workload_hash, []).append(ref)
+        entries, by_workload = campaign_records(search_dir, self.target.kind.name, exclude)
         used = 0
         for h in tqdm(sorted(by_workload), desc="cost model data", unit="workload", disable=not progress):
             mod = build(Spec.from_json(entries[h]))
@@ -292,24 +288,48 @@ def for_target(target, search_dir: Path | str | None = None, cache_dir: Path | s
     else on the campaign archive kept in git for the target's kind (unpacked to a temporary
     folder); without either it starts empty and learns from the tuning's own measurements.
     Either way the data stage's validation and test workloads of that search are left out."""
-    import tempfile
+    model = CostModel(target)
+    with campaign(model.target, search_dir) as (folder, exclude, source):
+        if folder is None:
+            return model, "none (it learns from this tuning's measurements only)"
+        return pretrained(model.target, folder, exclude, cache_dir, progress), source
 
+
+def campaign_records(search_dir: Path | str, kind: str, exclude: set[str] = frozenset(),
+                     measured_only: bool = False) -> tuple[dict, dict]:
+    """(workload entries by hash, {workload hash: [RecordRef]}) of a search folder's records whose
+    workload's target kind is `kind` and whose id is not in `exclude`; with `measured_only`,
+    only records with a latency."""
+    entries = {w["hash"]: w for w in records.workload_entries(search_dir).values()}
+    by_workload: dict[str, list[records.RecordRef]] = {}
+    for shard in records.shard_dirs(search_dir):
+        for ref in records.scan(shard):
+            w = entries.get(ref.workload_hash)
+            if (w and w["id"] not in exclude and (ref.latency_s is not None or not measured_only)
+                    and make_target(w["target"]).kind.name == kind):
+                by_workload.setdefault(ref.workload_hash, []).append(ref)
+    return entries, by_workload
+
+
+@contextlib.contextmanager
+def campaign(target, search_dir: Path | str | None = None):
+    """Yields (folder, exclusions, where it came from) of the search data for `target`:
+    `search_dir`, or else the campaign archive kept in git for the target's kind, unpacked to a
+    temporary folder for the block; (None, empty set, "none") without either. The exclusions are
+    the data stage's validation and test workloads of that search: evaluation kernels, which
+    nothing pre-trained may learn from."""
     from pipeline import archive
     from pipeline.stages.data import DataParams
 
-    model = CostModel(target)
-
-    def on(folder) -> CostModel:
-        exclude = training_split_exclusions(DataParams(search_dir=str(folder)))
-        return pretrained(model.target, folder, exclude, cache_dir, progress)
-
     if search_dir is not None:
-        return on(search_dir), str(search_dir)
-    kind = model.target.kind.name
+        yield search_dir, training_split_exclusions(DataParams(search_dir=str(search_dir))), str(search_dir)
+        return
+    kind = (make_target(target) if isinstance(target, (str, dict)) else target).kind.name
     kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
     if kept is None or not (kept / "index.json").exists():
-        return model, "none (it learns from this tuning's measurements only)"
+        yield None, set(), "none"
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for name in json.loads((kept / "index.json").read_text()):
             archive.restore(Path(tmp) / name, kept)
-        return on(tmp), str(kept.relative_to(REPO))
+        yield tmp, training_split_exclusions(DataParams(search_dir=tmp)), str(kept.relative_to(REPO))

@@ -29,12 +29,12 @@ by how little the carrying changed them (`first`):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import records
+from pipeline.cost_model import campaign, campaign_records
 from pipeline.sketch import SAMPLING, Walk, WalkFailed, sketches
 from pipeline.space import SpaceError, apply_postprocs
 from pipeline.tvm_env import TVM_ERRORS, Schedule, Trace, make_target
@@ -153,14 +153,7 @@ class Library:
         self.sources: list[Source] = []
         if search_dir is None:
             return
-        entries = {w["hash"]: w for w in records.workload_entries(search_dir).values()}
-        by_workload: dict[str, list] = {}
-        for shard in records.shard_dirs(search_dir):
-            for ref in records.scan(shard):
-                w = entries.get(ref.workload_hash)
-                if (ref.latency_s is not None and w and w["id"] not in exclude
-                        and make_target(w["target"]).kind.name == self.target.kind.name):
-                    by_workload.setdefault(ref.workload_hash, []).append(ref)
+        entries, by_workload = campaign_records(search_dir, self.target.kind.name, exclude, measured_only=True)
         for h in sorted(by_workload):
             refs = sorted(by_workload[h], key=lambda r: r.latency_s)[:per_workload]
             mod = build(Spec.from_json(entries[h]))
@@ -180,40 +173,23 @@ class Library:
     def for_target(cls, target, search_dir: Path | str | None = None, per_workload: int = 2) -> "Library":
         """From `search_dir`, or else the campaign kept in git for the target's kind (empty
         without one), the data stage's validation and test workloads left out."""
-        import tempfile
-
-        from pipeline import archive
-        from pipeline.cost_model import CAMPAIGNS, REPO, training_split_exclusions
-        from pipeline.stages.data import DataParams
-
-        def on(folder):
-            return cls(target, folder, training_split_exclusions(DataParams(search_dir=str(folder))), per_workload)
-
-        if search_dir is not None:
-            return on(search_dir)
-        kind = (make_target(target) if isinstance(target, (str, dict)) else target).kind.name
-        kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
-        if kept is None or not (kept / "index.json").exists():
-            return cls(target, None, per_workload=per_workload)
-        with tempfile.TemporaryDirectory() as tmp:
-            for name in json.loads((kept / "index.json").read_text()):
-                archive.restore(Path(tmp) / name, kept)
-            return on(tmp)
+        with campaign(target, search_dir) as (folder, exclude, _):
+            return cls(target, folder, exclude, per_workload)
 
     def propose(self, mod, limit: int | None = None) -> list[Proposal]:
         """Scripts of `mod` carried over from every source whose sketch matches one of `mod`'s,
         in the library's order, without duplicates; at most `limit`."""
         try:
-            spaces = sketches(mod, self.target)
+            kernel_sketches = sketches(mod, self.target)
         except SpaceError:
             return []
         by_sig: dict[tuple, list[Trace]] = {}
-        for sk in spaces:
+        for sk in kernel_sketches:
             by_sig.setdefault(signature(sk), []).append(sk)
         out, seen = [], set()
         for src in self.sources:
-            spaces, old = src.matches(by_sig)
-            for sk in spaces:
+            walked, old = src.matches(by_sig)
+            for sk in walked:
                 got = retarget(mod, self.target, sk, list(old))
                 if got is None:
                     continue
