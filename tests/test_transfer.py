@@ -125,3 +125,24 @@ def test_a_source_with_a_unit_loop_more_matches_without_its_tile():
     assert src.matches({sig: ["exact"]}) == (["exact"], old)
     assert src.matches({(sig[0], sig[2], sig[3]): ["loose"]}) == (["loose"], (old[0], old[2], old[3]))
     assert src.matches({}) == ([], (old[0], old[2], old[3]))
+
+
+def test_campaign_unpacks_the_targets_git_campaign_for_the_block_only(tmp_path, cpu_target):
+    # one lookup for the cost model and the transfer library (pipeline.cost_model.campaign)
+    from pathlib import Path
+
+    from pipeline import cost_model, records
+    from test_cost_model import _database
+
+    with cost_model.campaign(cpu_target) as (folder, exclude, source):
+        assert source == "databases/search-cpu" and len(records.shard_dirs(folder)) >= 8
+        assert exclude and exclude <= {w["id"] for w in records.workload_entries(folder).values()}
+        entries, by_workload = cost_model.campaign_records(folder, "llvm", exclude, measured_only=True)
+        assert by_workload and not {entries[h]["id"] for h in by_workload} & exclude
+        assert all(r.latency_s is not None for refs in by_workload.values() for r in refs)
+    assert not Path(folder).exists()                      # the unpacked copy is gone after the block
+    with cost_model.campaign("opencl") as (folder, exclude, source):
+        assert (folder, exclude, source) == (None, set(), "none")
+    _database(tmp_path / "search", cpu_target, [SPEC], 4)
+    with cost_model.campaign(cpu_target, tmp_path / "search") as (folder, exclude, source):
+        assert folder == tmp_path / "search" and source == str(tmp_path / "search")
