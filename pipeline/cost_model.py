@@ -57,7 +57,7 @@ class CostModel:
     """Scores scripts of any workload on one target; higher is predicted faster."""
 
     def __init__(self, target, seed: int = 0):
-        self.target = make_target(target) if isinstance(target, (str, dict)) else target
+        self.target = make_target(target)
         self.extractor = ms.feature_extractor.PerStoreFeature()
         # MetaSchedule's model object, for its training objective and prediction (_train,
         # _predict); the data lives here, grouped by workload as XGBModel.update groups it.
@@ -324,7 +324,7 @@ def campaign(target, search_dir: Path | str | None = None):
     if search_dir is not None:
         yield search_dir, training_split_exclusions(DataParams(search_dir=str(search_dir))), str(search_dir)
         return
-    kind = (make_target(target) if isinstance(target, (str, dict)) else target).kind.name
+    kind = make_target(target).kind.name
     kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
     if kept is None or not (kept / "index.json").exists():
         yield None, set(), "none"

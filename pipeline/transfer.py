@@ -149,7 +149,7 @@ class Library:
         """`search_dir` None: an empty library (it proposes nothing)."""
         from pipeline.workloads import Spec, build
 
-        self.target = make_target(target) if isinstance(target, (str, dict)) else target
+        self.target = make_target(target)
         self.sources: list[Source] = []
         if search_dir is None:
             return

@@ -54,8 +54,11 @@ class TargetError(ValueError):
     """A target description that TVM does not accept."""
 
 
-def make_target(spec: str | dict) -> "tvm.target.Target":
-    """Build a TVM target from a tag ("nvidia/nvidia-h100"), a JSON dict, or a JSON string."""
+def make_target(spec: "str | dict | tvm.target.Target") -> "tvm.target.Target":
+    """Build a TVM target from a tag ("nvidia/nvidia-h100"), a JSON dict, or a JSON string; a
+    target already built is returned as it is."""
+    if isinstance(spec, tvm.target.Target):
+        return spec
     if isinstance(spec, str) and spec.lstrip().startswith("{"):
         try:
             spec = json.loads(spec)
