@@ -134,3 +134,45 @@ def test_bench_refuses_a_bad_inside_search_with_one_line(value, monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         bench.main()
     assert e.value.code == 2 and "--inside-search takes POPxGENS" in capsys.readouterr().err
+
+
+def test_bench_finalists_are_each_contenders_best_then_timed_again_taking_turns_and_compared_by_median():
+    from types import SimpleNamespace
+
+    from pipeline.bench.tune import best_of_first, final_retime, summarize
+
+    # the fastest correct of the first k as timed; a script that did not encode (None) is never one
+    cands = [("a", 5.0), (None, None), ("b", 3.0), ("c", None), ("d", 1.0)]
+    assert best_of_first(cands, 2) == "a" and best_of_first(cands, 4) == "b" and best_of_first(cands, 5) == "d"
+    assert best_of_first([("x", None)], 1) is None
+
+    class Checker:      # each script's timings in turn; "bad" fails its check
+        def __init__(self):
+            self.asked = []
+            self.timings = {"fast": iter([1.0, 9.0, 1.2]), "slow": iter([2.0, 2.1, 2.2])}
+
+        def check_many(self, mod, texts, target_spec, timed):
+            self.asked.append(list(texts))
+            return [SimpleNamespace(correct=t != "bad", latency_s=next(self.timings[t]) if t != "bad" else None)
+                    for t in texts]
+
+    checker = Checker()
+    out = final_retime(None, "llvm", checker, {"metaschedule@4": "fast", "metaschedule@2": "slow",
+                                               "ms_cost": "fast", "transfer_first_cost": "bad", "model": None}, 3)
+    assert checker.asked == [["bad", "fast", "slow"] * 3]       # one copy of a shared script, in turns
+    assert out["latency_s"] == {"metaschedule@4": 1.2, "metaschedule@2": 2.1, "ms_cost": 1.2,
+                                "transfer_first_cost": None, "model": None}
+    assert out["spread_s"]["metaschedule@4"] == [1.0, 9.0]
+
+    # the summary compares the medians with MetaSchedule@ms_trials's; a finalist without one is a miss
+    run = {"curve": [3.0, 2.0, 1.0, 1.0], "seconds": 1.0}
+    rows = [{"task": "t", "metaschedule": run, "ms_cost": {"curve": [1.0, 1.0], "seconds": 1.0}, "final": out},
+            {"task": "u", "metaschedule": run, "ms_cost": {"curve": [1.0, 1.0], "seconds": 1.0},
+             "final": {"latency_s": {"metaschedule@4": 2.0, "metaschedule@2": 2.0, "ms_cost": 4.0}}}]
+    s = summarize(rows, trials=2, ms_trials=4)
+    assert s["ms_cost@2_le_ms@4"] == 2                                # single timings: both win
+    assert s["final_ms_cost@2_le_ms@4"] == 1 and s["final_ms_cost_tasks"] == 2   # timed again: only t
+    assert s["final_ms_cost_geomean_ratio_to_ms@4"] == pytest.approx((1.0 * 2.0) ** 0.5)
+    assert s["final_ms@2_le_ms@4"] == 1 and s["final_transfer_first_cost@2_le_ms@4"] == 0
+    assert s["final_transfer_first_cost_geomean_ratio_to_ms@4"] is None
+    assert s["per_task"][0]["final_ratio_ms_to_ms_full"] == pytest.approx(2.1 / 1.2)

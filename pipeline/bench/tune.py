@@ -4,7 +4,7 @@ search at equal measured candidates, on TVM's te_workload kernels, in one run.
     python -m pipeline.bench.tune --model models/rl [--tasks GMM:0 SFM:0 ...] [--trials 16] \
         [--ms-trials 64] [--oversample 4] [--cost-data DIR|none] [--checker-workers 2] \
         [--variants model model_cost model_first model_first_cost ms_cost] [--inside-per-iter 4] [--focus 16] \
-        [--inside-search 2048x8] [--transfer-rank cost|nearest] \
+        [--inside-search 2048x8] [--transfer-rank cost|nearest] [--final-retime 10] \
         [--out reports/bench_tune_cpu.json]
 
 Per task: the model tunes `--trials` candidates (construction, then refinement rounds);
@@ -23,6 +23,11 @@ MetaSchedule's best of its first K is the fastest of its first K candidates as t
 times them, as in the evaluation. Reported: best latency after 8, 16, ... candidates for
 both, the candidates the model needed to reach MetaSchedule's 64-candidate result, the wall
 time of each, and a plot of latency against candidates (reports/bench_tune_cpu.png).
+
+A best of single timings favours the contender that timed more candidates (the fastest of 64
+noisy timings is luckier than the fastest of 16). With `--final-retime R`, each contender's
+finalist, the script it would hand its user, is timed again R times, the contenders taking
+turns, and their medians are compared too (`final` in each row, `final_*` in the summary).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost",
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
              oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None,
              focus: int = 1, inside_search: tuple[int, int] | None = None, library=None,
-             transfer_rank: str = "cost") -> dict:
+             transfer_rank: str = "cost", final_rounds: int = 0) -> dict:
     """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
     `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
     use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
@@ -60,7 +65,9 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
     how many times their cost model counts the kernel's own measurements (`as_metaschedule`);
     `inside_search`: their evolutionary search's (population, generations), default the yardstick's.
     `library()`: the transfer library (pipeline.transfer) of `transfer_first_cost`, whose first
-    batch `transfer_rank` picks (pipeline.transfer.first)."""
+    batch `transfer_rank` picks (pipeline.transfer.first). `final_rounds` > 0: the finalists
+    (MetaSchedule's best of its first `trials` and `ms_trials`, each variant's of its `trials`)
+    timed again that many rounds each, side by side (`final_retime`, the row's `final`)."""
     from pipeline import metaschedule
     from pipeline.stages.evaluate import te_module
     from pipeline.tvm_env import make_target
@@ -97,6 +104,13 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             row["transfer_first_cost"] = _inside(mod, target, target_spec, trials, sp, checker,
                                                  tmp / "transfer_first_cost", f"bench_{item}_transfer", None, cost,
                                                  focus, library(), transfer_rank)
+        candidates = {key: row[key].pop("_candidates") for key in row if isinstance(row[key], dict)
+                      and "_candidates" in row[key]}
+        if final_rounds > 0:
+            finalists = {f"metaschedule@{ms_trials}": best_of_first(candidates["metaschedule"], ms_trials),
+                         f"metaschedule@{trials}": best_of_first(candidates["metaschedule"], trials)}
+            finalists.update({key: best_of_first(c, trials) for key, c in candidates.items() if key != "metaschedule"})
+            row["final"] = final_retime(mod, target_spec, checker, finalists, final_rounds)
     return row
 
 
@@ -152,13 +166,44 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
 
 
 def _retimed(tuned, mod, target_spec, checker) -> dict:
-    """MetaSchedule's candidates, in its order, re-timed by the checker that timed the model's."""
+    """MetaSchedule's candidates, in its order, re-timed by the checker that timed the model's.
+    `_candidates` (dropped before the row is written): (script, latency) in that order, for the
+    finalists' re-timing (`final_retime`)."""
     start = time.perf_counter()
     scripts = [s for s in tuned.scripts if s is not None]
     timed = dict(zip(scripts, checker.check_many(mod, scripts, target_spec, timed=True)))
     lat = [timed[s].latency_s if s is not None and timed[s].correct else None for s in tuned.scripts]
     return {"seconds": round(tuned.seconds, 1), "retime_seconds": round(time.perf_counter() - start, 1),
-            "curve": _best_curve(lat), "measured": len(lat), "correct": sum(x is not None for x in lat)}
+            "curve": _best_curve(lat), "measured": len(lat), "correct": sum(x is not None for x in lat),
+            "_candidates": list(zip(tuned.scripts, lat))}
+
+
+def best_of_first(candidates: list[tuple], k: int) -> str | None:
+    """The script a tuner stopped after `k` candidates hands its user: the fastest correct one
+    of its first `k` as they were timed (None if none was correct)."""
+    timed = [(lat, i) for i, (script, lat) in enumerate(candidates[:k]) if script is not None and lat is not None]
+    return candidates[min(timed)[1]][0] if timed else None
+
+
+def final_retime(mod, target_spec, checker, finalists: dict[str, str | None], rounds: int) -> dict:
+    """Each finalist (a contender's `best_of_first`) timed again `rounds` times, the contenders
+    taking turns round after round so slow drifts of the machine fall on all alike; a
+    contender's figure is the median of its rounds. A best of many single timings is biased
+    low (the fastest of 64 noisy timings is luckier than the fastest of 16); these are not."""
+    from statistics import median
+
+    unique = sorted({s for s in finalists.values() if s is not None})
+    start = time.perf_counter()
+    outcomes = checker.check_many(mod, unique * rounds, target_spec, timed=True)
+    samples = {s: [] for s in unique}
+    for s, o in zip(unique * rounds, outcomes):
+        if o.correct and o.latency_s is not None:
+            samples[s].append(o.latency_s)
+    latency = {k: (median(samples[s]) if s is not None and samples[s] else None) for k, s in finalists.items()}
+    spread = {k: [min(samples[s]), max(samples[s])] if s is not None and samples[s] else None
+              for k, s in finalists.items()}
+    return {"rounds": rounds, "seconds": round(time.perf_counter() - start, 1), "latency_s": latency,
+            "spread_s": spread, "scripts": finalists}
 
 
 LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "metaschedule": "MetaSchedule",
@@ -178,6 +223,7 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
         return curve[min(k, len(curve)) - 1] if curve else None
 
     per, wins, ratios, ran = [], {}, {}, {}
+    final_wins, final_ratios, final_ran = {}, {}, {}     # the finalists timed again (`final_retime`)
     for row in rows:
         s = row["metaschedule"]["curve"]
         ms_full = at(s, ms_trials)
@@ -195,6 +241,18 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
                 ratios.setdefault(key, []).append(best / ms_full)
             task.update({f"{key}@{trials}": best, f"ratio_{key}_to_ms_full": best / ms_full if ok else None,
                          f"{key}_le_ms_full": win, f"{key}_seconds": row[key]["seconds"]})
+        final = row.get("final", {}).get("latency_s", {})
+        ms_final = final.get(f"metaschedule@{ms_trials}")
+        for key, lat in final.items():
+            if key == f"metaschedule@{ms_trials}":
+                continue
+            name = "ms" if key == f"metaschedule@{trials}" else key
+            ok = lat is not None and ms_final is not None
+            task[f"final_ratio_{name}_to_ms_full"] = lat / ms_final if ok else None
+            final_wins[name] = final_wins.get(name, 0) + (ok and lat <= ms_final)
+            final_ran[name] = final_ran.get(name, 0) + 1
+            if ok:
+                final_ratios.setdefault(name, []).append(lat / ms_final)
         if "model" in row:
             m = row["model"]["curve"]
             task["model_trials_to_ms_full"] = next(
@@ -209,6 +267,10 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
         out[f"{key}_geomean_ratio_to_ms@{ms_trials}"] = geomean(ratios.get(key, []))
     if "model" in wins:
         out["fraction"] = wins["model"] / ran["model"]
+    for key, n in final_wins.items():
+        out[f"final_{key}@{trials}_le_ms@{ms_trials}"] = n
+        out[f"final_{key}_tasks"] = final_ran[key]
+        out[f"final_{key}_geomean_ratio_to_ms@{ms_trials}"] = geomean(final_ratios.get(key, []))
     ms_ratio = [t[f"ms@{trials}"] / t[f"ms@{ms_trials}"] for t in per if t[f"ms@{trials}"] and t[f"ms@{ms_trials}"]]
     out[f"ms@{trials}_geomean_ratio_to_ms@{ms_trials}"] = geomean(ms_ratio)
     out["per_task"] = per
@@ -274,12 +336,18 @@ def main() -> None:
     ap.add_argument("--transfer-rank", default="cost", choices=("cost", "nearest"),
                     help="which carried-over scripts transfer_first_cost measures first: the pre-trained cost "
                          "model's best, or the least changed by the carrying, one per source workload")
+    ap.add_argument("--final-retime", type=int, default=0, metavar="ROUNDS",
+                    help="time each contender's finalist (its fastest of its first --trials, MetaSchedule's also of "
+                         "its --ms-trials) again ROUNDS times, taking turns, and compare their medians too "
+                         "(default 0: not; the model's own tune variants have no finalist)")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
     args = ap.parse_args()
     if args.focus < 1:
         ap.error(f"--focus must be >= 1 (got {args.focus})")
+    if args.final_retime < 0:
+        ap.error(f"--final-retime must be >= 0 (got {args.final_retime})")
     inside_search = None
     if args.inside_search:
         try:
@@ -327,12 +395,12 @@ def main() -> None:
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
                              args.oversample, cost, args.variants, args.inside_per_iter, args.focus, inside_search,
-                             library, args.transfer_rank))
+                             library, args.transfer_rank, args.final_retime))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"],
                                     "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, "focus": args.focus,
                                     "inside_search": list(inside_search or (sp.population_size, sp.genetic_num_iters)),
-                                    "transfer_rank": args.transfer_rank,
+                                    "transfer_rank": args.transfer_rank, "final_retime": args.final_retime,
                                     **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))
@@ -341,6 +409,11 @@ def main() -> None:
                      f" (geomean {s[f'{k}_geomean_ratio_to_ms@{args.ms_trials}'] or float('nan'):.2f})"
                      for k in VARIANTS if f"{k}@{args.trials}_le_ms@{args.ms_trials}" in s)
     print(f"<= MetaSchedule@{args.ms_trials}: {line} -> {args.out}")
+    final = "; ".join(f"{k}@{args.trials}: {s[f'final_{k}@{args.trials}_le_ms@{args.ms_trials}']}/{s[f'final_{k}_tasks']}"
+                      f" (geomean {s[f'final_{k}_geomean_ratio_to_ms@{args.ms_trials}'] or float('nan'):.2f})"
+                      for k in ("ms", *VARIANTS) if f"final_{k}_tasks" in s)
+    if final:
+        print(f"finalists timed again {args.final_retime} times, medians <= MetaSchedule@{args.ms_trials}'s: {final}")
 
 
 if __name__ == "__main__":
