@@ -91,9 +91,16 @@ def test_bench_ms_cost_tunes_the_network_with_the_pretrained_cost_model_at_equal
         made.append(CostModel(cpu_target))
         return made[-1]
 
-    row = run_network(str(net), None, {"kind": "llvm", "num-cores": 2}, 2, tmp_path / "work", ["ms_cost"], cost)
+    row = run_network(str(net), None, {"kind": "llvm", "num-cores": 2}, 2, tmp_path / "work", ["ms_cost"], cost,
+                      final_rounds=2)
     assert len(made) == 1 and "model" not in row
     ms_row, ours = row["metaschedule"], row["ms_cost"]
     assert ms_row["matches_untuned"] is True and ours["matches_untuned"] is True
     assert 0 < ours["measured"] <= 2 * row["tasks"] and 0 < ms_row["measured"] <= 2 * row["tasks"]
     assert row["ms_cost_over_ms"] == ours["latency_s"] / ms_row["latency_s"] > 0
+    # every contender's network, the untuned one too, timed again side by side: a median of 2 rounds each
+    final = row["final"]
+    assert final["rounds"] == 2 and set(final["latency_s"]) == {"untuned", "metaschedule", "ms_cost"}
+    for key, (low, high) in final["spread_s"].items():
+        assert 0 < low <= final["latency_s"][key] <= high
+    assert row["final_ms_cost_over_ms"] == final["latency_s"]["ms_cost"] / final["latency_s"]["metaschedule"]

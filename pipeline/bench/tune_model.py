@@ -3,7 +3,7 @@
 
     python -m pipeline.bench.tune_model --model models/rl [--trials-per-task 16] \
         [--networks examples/networks/*.py] [--variants model ms_cost model_first_cost transfer_first_cost] \
-        [--out reports/bench_tune_model_cpu.json]
+        [--final-retime 10] [--out reports/bench_tune_model_cpu.json]
 
 Per network: the model tunes every task (pipeline.tune_model); MetaSchedule tunes the same
 tasks (its gradient task scheduler, evolutionary search, at most the same trials per task and
@@ -11,7 +11,9 @@ in total); both networks are compiled with their databases (`compile_relax`; unt
 functions built as TVM builds them) and run on the same random inputs, checked against the
 untuned build's outputs, and timed with the same VM time evaluator. MetaSchedule builds with
 the project's kept build pool (pipeline.tuning.PoolBuilder) so its wall time is not TVM's
-per-round worker start-up; its runner is TVM's LocalRunner.
+per-round worker start-up; its runner is TVM's LocalRunner. Each network is timed right after
+its own tuning, minutes apart from the others; with `--final-retime R` all of a network's
+builds are also timed again R rounds side by side (`final`), their medians compared too.
 
 Beside `model` (little-dragon tune-model), the one-argument ways into MetaSchedule's own Relax
 tuning, same trials: `ms_cost` (`tune_relax(..., cost_model=...)` with the project's cost model
@@ -53,11 +55,33 @@ def _tune_relax(mod, target, trials: int, n_tasks: int, work: Path, **kw):
     return db, time.perf_counter() - start
 
 
+def final_retime(mod, target, databases: dict, rounds: int, seed: int = 0) -> dict:
+    """Each contender's network (compiled with its database) timed again `rounds` times, the
+    contenders taking turns round after round so slow drifts of the machine fall on all alike;
+    a contender's figure is the median of its rounds. Each was timed once right after its own
+    tuning, minutes apart from the others: these are side by side."""
+    from statistics import median
+
+    from pipeline import tune_model as tm
+
+    inputs = tm.network_inputs(mod, seed)
+    built = {key: tm.compile_network(mod, target, db) for key, db in databases.items()}
+    samples = {key: [] for key in built}
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for key, executable in built.items():
+            samples[key].append(tm.run_network(executable, mod, target, inputs)[1])
+    return {"rounds": rounds, "seconds": round(time.perf_counter() - start, 1),
+            "latency_s": {k: median(v) for k, v in samples.items()},
+            "spread_s": {k: [min(v), max(v)] for k, v in samples.items()}}
+
+
 def run_network(path: str, model_dir: str | None, target_spec, trials: int, work: Path,
-                variants=("model",), cost=None, library=None) -> dict:
+                variants=("model",), cost=None, library=None, final_rounds: int = 0) -> dict:
     """One network: MetaSchedule's Relax tuning (the yardstick, always) and each of `variants`
     at the same trials; `cost()` makes a fresh pre-trained cost model, `library()` gives the
-    transfer library."""
+    transfer library. `final_rounds` > 0: every contender's network, the untuned one too,
+    timed again that many rounds, side by side (`final_retime`, the row's `final`)."""
     from pipeline import tune_model as tm
     from pipeline.tvm_env import make_target
 
@@ -71,11 +95,14 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
            "untuned_s": untuned["latency_s"],
            "metaschedule": {"latency_s": theirs["latency_s"], "measured": len(db.get_all_tuning_records()),
                             "wall_s": round(ms_s, 1), "matches_untuned": theirs["matches_untuned"]}}
+    databases = {"untuned": tm.union([]), "metaschedule": db}
     if "model" in variants:
         start = time.perf_counter()
         ours = tm.tune_model(path, target_spec, trials, model_dir, str(work / "model"), progress=False)
         row["model"] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
                         "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
+        databases["model"] = tm.union(sorted(d for d in (work / "model" / "tasks").glob("*")
+                                             if (d / "database_tuning_record.json").exists()))
     for key in ("ms_cost", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
@@ -89,9 +116,16 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
         got = tm.end_to_end(mod, target, vdb, reference=untuned["outputs"])
         row[key] = {"latency_s": got["latency_s"], "measured": len(vdb.get_all_tuning_records()),
                     "wall_s": round(v_s, 1), "matches_untuned": got["matches_untuned"]}
+        databases[key] = vdb
     for key in VARIANTS:
         if key in row:
             row[f"{key}_over_ms"] = row[key]["latency_s"] / theirs["latency_s"]
+    if final_rounds > 0:
+        row["final"] = final_retime(mod, target, databases, final_rounds)
+        lat = row["final"]["latency_s"]
+        for key in VARIANTS:
+            if key in lat:
+                row[f"final_{key}_over_ms"] = lat[key] / lat["metaschedule"]
     return row
 
 
@@ -135,8 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--networks", nargs="*", default=sorted(glob.glob("examples/networks/*.py")))
     ap.add_argument("--trials-per-task", type=int, default=16)
     ap.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}')
+    ap.add_argument("--final-retime", type=int, default=0, metavar="ROUNDS",
+                    help="time every contender's network again ROUNDS times, taking turns, and compare their "
+                         "medians too (default 0: not)")
     ap.add_argument("--out", default="reports/bench_tune_model_cpu.json")
     args = ap.parse_args(argv)
+    if args.final_retime < 0:
+        ap.error(f"--final-retime must be >= 0 (got {args.final_retime})")
     if set(args.variants) & {"model", "model_first_cost"} and not args.model:
         ap.error("--model is needed by the variants model and model_first_cost")
     import json
@@ -164,17 +203,22 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.networks:
             row = run_network(path, args.model, target_spec, args.trials_per_task, Path(tmp) / Path(path).stem,
-                              args.variants, cost, library)
+                              args.variants, cost, library, args.final_retime)
             print(json.dumps(row), flush=True)
             rows.append(row)
     out = {"machine": machine(), "target": target_spec, "model": args.model, "variants": args.variants,
            "networks": rows}
     for key in args.variants:
         out[f"{key}_at_or_below_ms"] = f"{sum(r[f'{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
+        if args.final_retime:
+            out[f"final_{key}_at_or_below_ms"] = f"{sum(r[f'final_{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
     files.write_json(args.out, out)
     _plot(rows, Path(args.out).with_suffix(".png"))
     print("<= MetaSchedule end to end: " + ", ".join(f"{k} {out[f'{k}_at_or_below_ms']}" for k in args.variants)
           + f" -> {args.out}")
+    if args.final_retime:
+        print(f"timed again {args.final_retime} times side by side: "
+              + ", ".join(f"{k} {out[f'final_{k}_at_or_below_ms']}" for k in args.variants))
     return out
 
 
