@@ -293,6 +293,13 @@ def plot(rows: list[dict], path: str) -> None:
             curve = row[key]["curve"]
             xs = [i + 1 for i, y in enumerate(curve) if y is not None]
             ax.plot(xs, [curve[i - 1] * 1e6 for i in xs], label=label, color=f"C{color}")
+            # the finalists timed again (`final_retime`): a star at the candidates each had, its median
+            final = row.get("final", {}).get("latency_s", {})
+            for name, lat in final.items():
+                if lat is not None and (name == key or name.startswith(f"{key}@")):
+                    at = int(name.split("@")[1]) if "@" in name else len(curve)
+                    ax.plot([at], [lat * 1e6], marker="*", markersize=9, linestyle="none", color=f"C{color}",
+                            label="finalist timed again (median)", markeredgecolor="black", markeredgewidth=0.5)
         ax.set_title(row["task"] + (f" (session {row['session']})" if "session" in row else ""))
         ax.set_xlabel("measured candidates")
         ax.set_ylabel("best latency (us)")
