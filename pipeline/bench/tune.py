@@ -213,17 +213,43 @@ LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "m
           "transfer_first_cost": "campaign scripts carried over first, then MetaSchedule with the pre-trained cost model"}
 
 
+class _Tally:
+    """Per contender: the tasks it ran on, those where its latency was <= the yardstick's, and
+    its ratios to it (a task where either has no correct kernel is a miss, out of the geomean)."""
+
+    def __init__(self):
+        self.ran, self.wins, self.ratios = {}, {}, {}
+
+    def add(self, name: str, latency: float | None, yardstick: float | None) -> tuple[float | None, bool]:
+        """(latency / yardstick or None, whether it is <= it)."""
+        ok = latency is not None and yardstick is not None
+        win = ok and latency <= yardstick
+        self.ran[name] = self.ran.get(name, 0) + 1
+        self.wins[name] = self.wins.get(name, 0) + win
+        if ok:
+            self.ratios.setdefault(name, []).append(latency / yardstick)
+        return (latency / yardstick if ok else None), win
+
+    def write(self, out: dict, prefix: str, trials: int, ms_trials: int) -> None:
+        from pipeline.stages.evaluate import geomean
+
+        for name, n in self.wins.items():
+            out[f"{prefix}{name}@{trials}_le_ms@{ms_trials}"] = n
+            out[f"{prefix}{name}_tasks"] = self.ran[name]     # the tasks it ran on (a run may leave a variant out)
+            out[f"{prefix}{name}_geomean_ratio_to_ms@{ms_trials}"] = geomean(self.ratios.get(name, []))
+
+
 def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
     """Per variant: on how many tasks its best after `trials` is <= MetaSchedule's after
     `ms_trials`, and the geomean of that ratio (a task where either has no correct kernel
-    counts as a miss and stays out of the geomean)."""
+    counts as a miss and stays out of the geomean); the same for the finalists timed again
+    (`final_retime`), keys prefixed `final_`."""
     from pipeline.stages.evaluate import geomean
 
     def at(curve, k):
         return curve[min(k, len(curve)) - 1] if curve else None
 
-    per, wins, ratios, ran = [], {}, {}, {}
-    final_wins, final_ratios, final_ran = {}, {}, {}     # the finalists timed again (`final_retime`)
+    per, single, final_tally = [], _Tally(), _Tally()
     for row in rows:
         s = row["metaschedule"]["curve"]
         ms_full = at(s, ms_trials)
@@ -233,26 +259,15 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
             if key not in row:
                 continue
             best = at(row[key]["curve"], trials)
-            ok = best is not None and ms_full is not None
-            win = ok and best <= ms_full
-            wins[key] = wins.get(key, 0) + win
-            ran[key] = ran.get(key, 0) + 1
-            if ok:
-                ratios.setdefault(key, []).append(best / ms_full)
-            task.update({f"{key}@{trials}": best, f"ratio_{key}_to_ms_full": best / ms_full if ok else None,
+            ratio, win = single.add(key, best, ms_full)
+            task.update({f"{key}@{trials}": best, f"ratio_{key}_to_ms_full": ratio,
                          f"{key}_le_ms_full": win, f"{key}_seconds": row[key]["seconds"]})
         final = row.get("final", {}).get("latency_s", {})
         ms_final = final.get(f"metaschedule@{ms_trials}")
         for key, lat in final.items():
-            if key == f"metaschedule@{ms_trials}":
-                continue
-            name = "ms" if key == f"metaschedule@{trials}" else key
-            ok = lat is not None and ms_final is not None
-            task[f"final_ratio_{name}_to_ms_full"] = lat / ms_final if ok else None
-            final_wins[name] = final_wins.get(name, 0) + (ok and lat <= ms_final)
-            final_ran[name] = final_ran.get(name, 0) + 1
-            if ok:
-                final_ratios.setdefault(name, []).append(lat / ms_final)
+            if key != f"metaschedule@{ms_trials}":
+                name = "ms" if key == f"metaschedule@{trials}" else key
+                task[f"final_ratio_{name}_to_ms_full"] = final_tally.add(name, lat, ms_final)[0]
         if "model" in row:
             m = row["model"]["curve"]
             task["model_trials_to_ms_full"] = next(
@@ -261,16 +276,10 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
     # rows of several runs (sessions) may repeat a task: each is compared with its own run's MetaSchedule
     out = {"tasks": len({row["task"] for row in rows}), "runs": len(rows), "trials": trials, "ms_trials": ms_trials,
            "target_fraction": 0.7}
-    for key, n in wins.items():
-        out[f"{key}@{trials}_le_ms@{ms_trials}"] = n
-        out[f"{key}_tasks"] = ran[key]           # the tasks it ran on (a run may leave a variant out)
-        out[f"{key}_geomean_ratio_to_ms@{ms_trials}"] = geomean(ratios.get(key, []))
-    if "model" in wins:
-        out["fraction"] = wins["model"] / ran["model"]
-    for key, n in final_wins.items():
-        out[f"final_{key}@{trials}_le_ms@{ms_trials}"] = n
-        out[f"final_{key}_tasks"] = final_ran[key]
-        out[f"final_{key}_geomean_ratio_to_ms@{ms_trials}"] = geomean(final_ratios.get(key, []))
+    single.write(out, "", trials, ms_trials)
+    if "model" in single.wins:
+        out["fraction"] = single.wins["model"] / single.ran["model"]
+    final_tally.write(out, "final_", trials, ms_trials)
     ms_ratio = [t[f"ms@{trials}"] / t[f"ms@{ms_trials}"] for t in per if t[f"ms@{trials}"] and t[f"ms@{ms_trials}"]]
     out[f"ms@{trials}_geomean_ratio_to_ms@{ms_trials}"] = geomean(ms_ratio)
     out["per_task"] = per
