@@ -242,13 +242,14 @@ class CostModel:
 def training_split_exclusions(data_params) -> set[str]:
     """Workload ids the data stage puts in validation or test: evaluation kernels, which a
     cost model must not learn from (the same assignment the data stage makes)."""
-    from pipeline.stages.data import assign_splits
+    from pipeline.stages.data import assign_splits, frozen_splits
 
     entries = {w["hash"]: w["id"] for w in records.workload_entries(data_params.search_dir).values()}
     # the data stage splits the workloads that have a correct candidate (stages/data.py)
     ids = {entries[r.workload_hash] for shard in records.shard_dirs(data_params.search_dir)
            for r in records.scan(shard) if r.latency_s is not None and r.workload_hash in entries}
-    splits = assign_splits(sorted(ids), data_params.val_fraction, data_params.test_fraction, data_params.seed)
+    splits = assign_splits(sorted(ids), data_params.val_fraction, data_params.test_fraction, data_params.seed,
+                           frozen_splits(data_params))
     return {i for i, s in splits.items() if s != "train"}
 
 
@@ -317,19 +318,25 @@ def campaign(target, search_dir: Path | str | None = None):
     `search_dir`, or else the campaign archive kept in git for the target's kind, unpacked to a
     temporary folder for the block; (None, empty set, "none") without either. The exclusions are
     the data stage's validation and test workloads of that search: evaluation kernels, which
-    nothing pre-trained may learn from."""
+    nothing pre-trained may learn from (the campaign's kept `splits.json` where it has one, as the
+    data stage's `splits_file`)."""
     from pipeline import archive
     from pipeline.stages.data import DataParams
 
-    if search_dir is not None:
-        yield search_dir, training_split_exclusions(DataParams(search_dir=str(search_dir))), str(search_dir)
-        return
     kind = make_target(target).kind.name
     kept = REPO / CAMPAIGNS[kind] if kind in CAMPAIGNS else None
+    splits = kept / "splits.json" if kept is not None and (kept / "splits.json").exists() else None
+
+    def exclusions(folder) -> set[str]:
+        return training_split_exclusions(DataParams(search_dir=str(folder), splits_file=splits and str(splits)))
+
+    if search_dir is not None:
+        yield search_dir, exclusions(search_dir), str(search_dir)
+        return
     if kept is None or not (kept / "index.json").exists():
         yield None, set(), "none"
         return
     with tempfile.TemporaryDirectory() as tmp:
         for name in json.loads((kept / "index.json").read_text()):
             archive.restore(Path(tmp) / name, kept)
-        yield tmp, training_split_exclusions(DataParams(search_dir=tmp)), str(kept.relative_to(REPO))
+        yield tmp, exclusions(tmp), str(kept.relative_to(REPO))

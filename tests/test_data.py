@@ -1,5 +1,7 @@
 """Training data: examples from a real (tiny) search, splits, corpus, and GX validation."""
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -124,3 +126,36 @@ def test_streaming_benchmark_on_synthetic_records():
     assert result["records"] == 20_000
     assert 0.9 * 20_000 < result["valid_records"] < 20_000  # ~5% are failed candidates
     assert result["pairs_sampled"] > 0
+
+
+def test_kept_splits_never_move_a_workload_as_the_search_grows():
+    ids = [f"w{i}" for i in range(200)]
+    by_rank = dataset.assign_splits(ids[:100], 0.1, 0.1, 0)
+    # by rank, a grown search moves some of the first 100 across splits
+    grown = dataset.assign_splits(ids, 0.1, 0.1, 0)
+    assert any(grown[w] != by_rank[w] for w in ids[:100])
+    # kept: the recorded 100 stand, the others follow their own hash whatever else is there
+    kept = dataset.assign_splits(ids, 0.1, 0.1, 0, frozen=by_rank)
+    assert all(kept[w] == by_rank[w] for w in ids[:100])
+    alone = {w: dataset.assign_splits([w], 0.1, 0.1, 0, frozen={})[w] for w in ids[100:]}
+    assert all(kept[w] == alone[w] for w in ids[100:])
+    assert 5 <= sum(s != "train" for s in alone.values()) <= 40       # ~20% of 100 held out
+
+
+def test_the_stage_writes_its_split_once_then_keeps_it(search_dir, tmp_path):
+    path = tmp_path / "splits.json"
+    p = from_dict(dataset.DataParams, dict(search_dir=str(search_dir), val_fraction=0.34, test_fraction=0.34,
+                                           splits_file=str(path)))
+    rows, stats = dataset.build_examples(p, progress=False)
+    written = json.loads(path.read_text())
+    assert written == {r["workload"]: r["split"] for r in rows} and stats["splits_kept"] == len(written)
+    flipped = {w: ("train" if s != "train" else "test") for w, s in written.items()}
+    path.write_text(json.dumps(flipped))
+    rows, _ = dataset.build_examples(p, progress=False)
+    assert {r["workload"]: r["split"] for r in rows} == flipped
+    # the cost model leaves out what the kept split holds out, not what the rank would
+    from pipeline.cost_model import training_split_exclusions
+    assert training_split_exclusions(p) == {w for w, s in flipped.items() if s != "train"}
+    path.write_text(json.dumps({"w": "holdout"}))
+    with pytest.raises(ValueError, match="train, val or test"):
+        dataset.build_examples(p, progress=False)

@@ -46,6 +46,11 @@ class DataParams:
     test_fraction: float = 0.1
     corpus_max: int | None = None    # at most this many corpus scripts in corpus.jsonl (None: all)
     seed: int = 0
+    # A kept {workload id: split} (JSON, in git): its assignments never change, and a workload
+    # it lacks is split by its own hash alone, so a growing search never moves a workload across
+    # splits (a model trained before the growth would otherwise be tested on what it learned
+    # from). Written with the first run's split when missing. None: split by rank (below).
+    splits_file: str | None = None
     report: str = "reports/data.json"
 
     def __post_init__(self):
@@ -54,13 +59,35 @@ class DataParams:
         P.require(0 <= self.val_fraction < 0.5 and 0 <= self.test_fraction < 0.5, "split fractions must be in [0, 0.5)")
 
 
-def assign_splits(workload_ids: list[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, str]:
-    """Deterministic split by workload: a workload's examples all land in one split."""
+SPLITS = ("train", "val", "test")
+
+
+def assign_splits(workload_ids: list[str], val_fraction: float, test_fraction: float, seed: int,
+                  frozen: dict[str, str] | None = None) -> dict[str, str]:
+    """Deterministic split by workload: a workload's examples all land in one split. Without
+    `frozen`, by the rank of the workloads' hashes (exact fractions, but a workload added to the
+    search can push another across a boundary); with it, its assignments stand and every other
+    workload's split follows from its own hash, whatever else the search holds."""
+    if frozen is not None:
+        def own(w: str) -> str:
+            u = int(hashlib.sha1(f"{seed}:{w}".encode()).hexdigest(), 16) / 16 ** 40
+            return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
+        return {w: frozen.get(w) or own(w) for w in workload_ids}
     order = sorted(workload_ids, key=lambda w: hashlib.sha1(f"{seed}:{w}".encode()).hexdigest())
     n = len(order)
     n_test = max(1, round(n * test_fraction)) if n >= 3 and test_fraction > 0 else 0
     n_val = max(1, round(n * val_fraction)) if n >= 3 and val_fraction > 0 else 0
     return {w: ("test" if i < n_test else "val" if i < n_test + n_val else "train") for i, w in enumerate(order)}
+
+
+def frozen_splits(p: DataParams) -> dict[str, str] | None:
+    """The kept assignments of `p.splits_file` (None without one)."""
+    if not p.splits_file or not Path(p.splits_file).exists():
+        return None
+    frozen = json.loads(Path(p.splits_file).read_text())
+    if not isinstance(frozen, dict) or any(s not in SPLITS for s in frozen.values()):
+        raise ValueError(f"{p.splits_file}: must map workload ids to train, val or test")
+    return frozen
 
 
 def sample_pairs(latencies: list[float], min_speedup: float, limit: int, rng: random.Random) -> list[tuple[int, int]]:
@@ -106,7 +133,10 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
                 n_failed += 1
             elif ref.workload_hash in workloads:
                 refs[ref.workload_hash].append(ref)
-    splits = assign_splits([workloads[h]["id"] for h in refs], p.val_fraction, p.test_fraction, p.seed)
+    frozen = frozen_splits(p)
+    splits = assign_splits([workloads[h]["id"] for h in refs], p.val_fraction, p.test_fraction, p.seed, frozen)
+    if p.splits_file and frozen is None:
+        files.write_json(p.splits_file, dict(sorted(splits.items())))
     rng = random.Random(p.seed)
     rows: list[dict] = []
     seen: set[tuple[str, str]] = set()
@@ -162,6 +192,8 @@ def build_examples(p: DataParams, progress: bool = True) -> tuple[list[dict], di
                  "speedup_vs_baseline": baseline / dst.latency_s if baseline else None})
     stats = {"records": n_records, "failed_records": n_failed, "workloads": len(refs),
              "scripts_in_guided_space": in_space[0], "scripts_encoded": in_space[1]}
+    if p.splits_file:   # how many workloads kept their recorded split (the rest: by their own hash)
+        stats["splits_kept"] = len(splits) if frozen is None else sum(w in frozen for w in splits)
     return rows, stats
 
 
