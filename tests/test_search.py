@@ -266,6 +266,26 @@ def test_each_gpu_process_gets_its_own_share_of_the_cores():
     assert part_cpus([0, 1, 2], 2, 3) == [2] and part_cpus([5], 1, 2) == [5]  # never empty
 
 
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_gpu_process_is_pinned_to_its_share_or_shares_all_cores(tmp_path, monkeypatch, pin):
+    import os
+
+    from pipeline.stages import search
+
+    seen = {}
+    monkeypatch.setattr(os, "environ", dict(os.environ))        # the part sets CUDA_VISIBLE_DEVICES
+    monkeypatch.setattr(search, "_run_shards", lambda p, *a, **k: seen.update(
+        cpus=sorted(os.sched_getaffinity(0)), workers=p.builder_workers) or search.Phases())
+    everything = sorted(os.sched_getaffinity(0))
+    p = SearchParams(target={"kind": "llvm"}, families=["matmul"], num_workloads=1, trials_per_workload=64,
+                     devices=[0, 0], builder_workers=14, pin_parts=pin, work_dir=str(tmp_path))
+    try:
+        search._run_part(p, [], 1, 2, 0, False, None)
+    finally:
+        os.sched_setaffinity(0, everything)
+    assert seen == {"cpus": search.part_cpus(everything, 1, 2) if pin else everything, "workers": 7}
+
+
 def test_a_fresh_clone_resumes_from_the_archived_databases(tmp_path):
     """The search archives each shard (compressed, kept in git); with the work folder gone
     (a fresh clone), the stage restores it and measures nothing twice. The archive only ever

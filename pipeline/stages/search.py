@@ -82,6 +82,10 @@ class SearchParams:
     # ([0, 0]) gets two processes whose measurements take turns (pipeline.device_lock): one
     # searches and builds while the other measures
     devices: list[int] = field(default_factory=list)
+    # each of those processes on its own share of the cores (and its builder workers with it), or,
+    # False, every process on all of them, the OS sharing them: two processes on one GPU can then
+    # use the cores the other leaves idle while it waits for its results
+    pin_parts: bool = True
     # Compressed copy of every shard kept in git (databases/README.md): a shard is restored
     # from it when it holds more records than work_dir, and re-archived after it is tuned.
     archive_dir: str | None = None
@@ -402,8 +406,10 @@ def _run_part(p: SearchParams, plan, k: int, n: int, device: int, progress: bool
     if p.devices.count(device) > 1:     # a shared GPU: measurements take turns
         os.environ[device_lock.ENV] = str(Path(p.work_dir).resolve() / f".device-{device}.lock")
         label += f".{p.devices[:k].count(device)}"
-    cpus = part_cpus(sorted(os.sched_getaffinity(0)), k, n)
-    os.sched_setaffinity(0, cpus)  # inherited by the build workers: one GPU, its share of cores
+    cpus = sorted(os.sched_getaffinity(0))
+    if p.pin_parts:
+        cpus = part_cpus(cpus, k, n)
+        os.sched_setaffinity(0, cpus)  # inherited by the build workers: one GPU, its share of cores
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     p = dataclasses.replace(p, builder_workers=max(1, p.builder_workers // n))
     phases = _run_shards(p, plan, progress, part=label, position=k, deadline=deadline)
