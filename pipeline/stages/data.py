@@ -68,12 +68,15 @@ def assign_splits(workload_ids: list[str], val_fraction: float, test_fraction: f
     `frozen`, by the rank of the workloads' hashes (exact fractions, but a workload added to the
     search can push another across a boundary); with it, its assignments stand and every other
     workload's split follows from its own hash, whatever else the search holds."""
+    def digest(w: str) -> str:
+        return hashlib.sha1(f"{seed}:{w}".encode()).hexdigest()
+
     if frozen is not None:
         def own(w: str) -> str:
-            u = int(hashlib.sha1(f"{seed}:{w}".encode()).hexdigest(), 16) / 16 ** 40
+            u = int(digest(w), 16) / 16 ** 40
             return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
         return {w: frozen.get(w) or own(w) for w in workload_ids}
-    order = sorted(workload_ids, key=lambda w: hashlib.sha1(f"{seed}:{w}".encode()).hexdigest())
+    order = sorted(workload_ids, key=digest)
     n = len(order)
     n_test = max(1, round(n * test_fraction)) if n >= 3 and test_fraction > 0 else 0
     n_val = max(1, round(n * val_fraction)) if n >= 3 and val_fraction > 0 else 0
