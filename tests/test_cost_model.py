@@ -185,3 +185,29 @@ def test_focus_counts_the_runs_own_measurements_that_many_times(tmp_path, cpu_ta
         xgb = model.as_metaschedule(focus=focus)
         xgb.update(context(cpu_target, mod), cands, results)
         assert sizes == [20, expect] and xgb.data_size == 24       # the data itself is kept once
+
+
+def test_campaign_exclusions_follow_the_profiles_that_archive_each_campaign():
+    """`cost_model.campaign` leaves out the data stage's validation and test workloads by the
+    campaign's kept `splits.json` and DataParams' default fractions and seed; every profile that
+    archives a campaign must split its data that way, or a cost model would learn from (or
+    lose) other workloads than the data stage holds out."""
+    import yaml
+
+    from pipeline.cost_model import CAMPAIGNS, REPO
+    from pipeline.stages.data import DataParams
+
+    defaults = DataParams(search_dir="x")
+    checked = 0
+    for path in [REPO / "params.yaml", *sorted((REPO / "profiles").glob("*.yaml"))]:
+        p = yaml.safe_load(path.read_text())
+        archive = (p.get("search") or {}).get("archive_dir")
+        if archive not in CAMPAIGNS.values():
+            continue
+        data = p["data"]
+        kept = REPO / archive / "splits.json"
+        assert data.get("splits_file") == (f"{archive}/splits.json" if kept.exists() else None), path.name
+        for key in ("val_fraction", "test_fraction", "seed"):
+            assert data.get(key, getattr(defaults, key)) == getattr(defaults, key), (path.name, key)
+        checked += 1
+    assert checked >= 2   # profiles/cpu-search.yaml and profiles/gpu.yaml
