@@ -92,8 +92,21 @@ def save_model_dir(model, tokenizer, dest: Path | str, bf16: bool = False) -> Pa
         model.to(torch.bfloat16)
     model.save_pretrained(new, max_shard_size="20MB")
     tokenizer.save_pretrained(new)
+    _sort_target_modules(new / "adapter_config.json")
     swap_dir(new, dest)
     return dest
+
+
+def _sort_target_modules(path: Path) -> None:
+    """PEFT writes a LoRA adapter's `target_modules` in a set's order, which changes from process
+    to process: sorted, the same adapter gives the same files, so the same model digest (the key
+    of the evaluation's kept results)."""
+    if not path.exists():
+        return
+    cfg = json.loads(path.read_text())
+    if isinstance(cfg.get("target_modules"), list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
 
 def swap_dir(new: Path, dest: Path) -> None:

@@ -108,3 +108,23 @@ def test_a_run_made_without_mlflow_is_kept_and_logged_later(store, monkeypatch):
     assert [m.value for m in client.get_metric_history(run.info.run_id, "sft_loss")] == [0.9, 0.5]
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["r.json"]
     assert tracking.sync() == []
+
+
+def test_a_lora_adapter_is_saved_with_its_target_modules_sorted(store, cpu_target):
+    """PEFT writes `target_modules` in a set's order (it changes from process to process, and
+    with it the model digest that keys the evaluation's kept results): saved, they are sorted."""
+    import json
+
+    from peft import LoraConfig, get_peft_model
+
+    from pipeline import files
+
+    tiny_model(store / "model", cpu_target, steps=2)
+    model, tok = models.load(store / "model")
+    lora = get_peft_model(model, LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM"))
+    files.save_model_dir(lora, tok, store / "a")
+    files.save_model_dir(lora, tok, store / "b")
+    saved = json.loads((store / "a" / "adapter_config.json").read_text())["target_modules"]
+    assert len(saved) >= 7 and saved == sorted(saved)
+    assert registry.model_digest(store / "a") == registry.model_digest(store / "b")
+    assert models.is_adapter(store / "a")
