@@ -176,3 +176,20 @@ def test_bench_finalists_are_each_contenders_best_then_timed_again_taking_turns_
     assert s["final_ms@2_le_ms@4"] == 1 and s["final_transfer_first_cost@2_le_ms@4"] == 0
     assert s["final_transfer_first_cost_geomean_ratio_to_ms@4"] is None
     assert s["per_task"][0]["final_ratio_ms_to_ms_full"] == pytest.approx(2.1 / 1.2)
+
+
+@pytest.mark.parametrize("tasks", [1, 5])
+def test_bench_plot_legend_sits_below_the_panels_inside_the_figure(tmp_path, tasks):
+    from pipeline.bench.tune import plot
+
+    curve = [3e-4, 2e-4, None, 1e-4]
+    rows = [{"task": f"T{i}", "metaschedule": {"curve": curve}, "ms_cost": {"curve": curve},
+             "final": {"latency_s": {"metaschedule@4": 1e-4, "ms_cost": 1.1e-4}}} for i in range(tasks)]
+    fig = plot(rows, str(tmp_path / "p.png"))
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert (tmp_path / "p.png").stat().st_size > 0 and len(fig.legends[0].get_texts()) == 3
+    assert legend.x0 >= 0 and legend.y0 >= 0 and legend.x1 <= fig.bbox.width
+    for ax in fig.axes:
+        if ax.axison:    # the panel with its tick labels and x label stays above the legend
+            assert ax.get_tightbbox(renderer).y0 >= legend.y1

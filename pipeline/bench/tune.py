@@ -286,7 +286,8 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
     return out
 
 
-def plot(rows: list[dict], path: str) -> None:
+def plot(rows: list[dict], path: str):
+    """Latency against measured candidates, a panel a task, one legend below them; the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,9 +321,13 @@ def plot(rows: list[dict], path: str) -> None:
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             labels.setdefault(label, handle)
-    fig.legend(labels.values(), labels.keys(), loc="lower center", ncol=min(3, len(labels)), fontsize="small")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    # one panel is too narrow for three entries a row: one a row, and room below the panels for them
+    ncol = min(3 if cols > 1 else 1, len(labels)) or 1
+    fig.legend(labels.values(), labels.keys(), loc="lower center", ncol=ncol, fontsize="small")
+    legend_rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, max(0.1, (0.25 * legend_rows + 0.1) / fig.get_figheight()), 1, 1))
     fig.savefig(path, dpi=110)
+    return fig
 
 
 def main() -> None:
