@@ -106,7 +106,7 @@ def _sort_target_modules(path: Path) -> None:
     cfg = json.loads(path.read_text())
     if isinstance(cfg.get("target_modules"), list):
         cfg["target_modules"] = sorted(cfg["target_modules"])
-        path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        write_json(path, cfg)
 
 
 def swap_dir(new: Path, dest: Path) -> None:
