@@ -139,6 +139,40 @@ def machine() -> dict:
     return out
 
 
+def gpu_names() -> list[str]:
+    """The GPUs' names (`nvidia-smi`), one per GPU; [] where there is none."""
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [n.strip() for n in q.stdout.splitlines() if n.strip()] if q.returncode == 0 else []
+
+
+class DeviceMismatch(ValueError):
+    """An archive of GPU timings met a machine with another kind of GPU."""
+
+
+def check_device(archive_dir: Path, names: list[str] | None = None) -> str | None:
+    """Timings kept in `archive_dir` come from one kind of GPU: `device.json` names it (written by
+    the first step that runs on a GPU), and a step on another kind (an H100 for an archive of H200
+    timings) raises `DeviceMismatch` before anything is timed, so that results never mix. No GPU
+    here: nothing to check (None). Returns the GPU the archive's timings come from."""
+    names = gpu_names() if names is None else names
+    if not names:
+        return None
+    path = Path(archive_dir) / "device.json"
+    if path.exists():
+        kept = json.loads(path.read_text())["gpu"]
+        if kept not in names:
+            raise DeviceMismatch(f"{archive_dir} keeps timings measured on {kept}, this machine has "
+                                 f"{', '.join(sorted(set(names)))}: they would mix; use another archive_dir "
+                                 f"for this GPU")
+        return kept
+    files.write_json(path, {"gpu": names[0]})
+    return names[0]
+
+
 def log_run(archive_dir: Path, run: dict, totals: dict) -> None:
     files.append_jsonl(archive_dir / "runs.jsonl", {"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                     "machine": machine(), **run, "totals_after": totals})

@@ -32,3 +32,26 @@ def test_an_archive_the_index_lost_is_still_restored_and_not_rewritten(tmp_path)
     _shard(work, 5)
     archive.save(work, kept)                                     # changed: archived, the index whole again
     assert json.loads((kept / "index.json").read_text())["t1"]["records"] == 5
+
+
+def test_gpu_timings_of_one_kind_only(tmp_path):
+    """An evaluation archive of H200 timings met an H100 session: its MetaSchedule baselines
+    would have been compared with the models' H100 timings. The first GPU step names its GPU;
+    another kind is refused before anything is timed, the same kind goes on, no GPU is no check."""
+    import pytest
+
+    kept = tmp_path / "kept"
+    assert archive.check_device(kept, names=[]) is None and not (kept / "device.json").exists()
+    assert archive.check_device(kept, names=["NVIDIA H200"]) == "NVIDIA H200"
+    assert json.loads((kept / "device.json").read_text()) == {"gpu": "NVIDIA H200"}
+    assert archive.check_device(kept, names=["NVIDIA H200", "NVIDIA H200"]) == "NVIDIA H200"
+    with pytest.raises(archive.DeviceMismatch, match="H200.*H100 80GB HBM3"):
+        archive.check_device(kept, names=["NVIDIA H100 80GB HBM3"])
+    assert json.loads((kept / "device.json").read_text()) == {"gpu": "NVIDIA H200"}
+
+
+def test_the_kept_gpu_evaluation_names_its_gpu():
+    """The committed evaluation archive's timings are the H200's (sessions 16-31)."""
+    from pathlib import Path
+
+    assert json.loads(Path("databases/evaluate-gpu/device.json").read_text()) == {"gpu": "NVIDIA H200"}

@@ -35,3 +35,23 @@ def test_an_evaluation_in_parts_without_an_archive_exits_2(capsys):
     assert main(["--params", "params.yaml", "evaluate", "--metaschedule-only", "--part", "0/2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "evaluate.archive_dir" in err
+
+
+def test_an_evaluation_archive_of_another_gpu_exits_2(tmp_path, monkeypatch, capsys):
+    """The GPU profile's kept evaluation (H200 timings) on an H100: one line, exit 2, nothing timed."""
+    import shutil
+
+    from pipeline import archive
+
+    profile = yaml.safe_load(open("profiles/gpu.yaml"))
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    shutil.copy("databases/evaluate-gpu/device.json", kept / "device.json")
+    profile["evaluate"]["archive_dir"] = str(kept)
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    monkeypatch.setattr(archive, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    assert main(["--params", str(path), "evaluate", "--metaschedule-only", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "NVIDIA H200" in err and "H100 80GB HBM3" in err
+    assert sorted(p.name for p in kept.iterdir()) == ["device.json"]

@@ -1126,6 +1126,13 @@ def main(params_path: str = "params.yaml", progress: bool = True, stop_after: fl
     if (part or metaschedule_only or models_only) and not p.archive_dir:
         raise P.ParamsError("evaluate --part / --metaschedule-only / --models-only keep their work in "
                             "evaluate.archive_dir: set it")
+    if p.archive_dir and target.kind.name == "cuda":   # H100 and H200 timings never mix in one archive
+        from pipeline import archive
+
+        try:
+            archive.check_device(Path(p.archive_dir))
+        except archive.DeviceMismatch as err:
+            raise P.ParamsError(f"evaluate.archive_dir: {err}") from None
     trials = p.metaschedule_trials or sp.trials_per_workload
     start = time.perf_counter()
     measurer = Measurer(records.workload_entries(sp.work_dir), target_spec, p.timeout_s, p.workers)
