@@ -221,6 +221,26 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0
 
 
+@pytest.mark.parametrize("persistent,made", [(True, 1), (False, 2)])
+def test_one_runner_measures_every_shard(tmp_path, monkeypatch, persistent, made):
+    """TVM's LocalRunner starts its measuring worker (a process importing TVM, 5-7 s here) when
+    it is made; made for each shard, that time went between the shards, outside every timer (8-12 s
+    a shard of session 33's H100 campaign step). The stage now makes one for all its shards."""
+    from pipeline import tuning
+
+    runners = []
+    real = tuning.make_runner
+
+    def counted(sp):
+        runners.append(real(sp))
+        return runners[-1]
+
+    monkeypatch.setattr(tuning, "make_runner", counted)
+    summary = run_search(_params(tmp_path, num_workloads=2, persistent_builder=persistent), progress=False)
+    assert len(runners) == made and summary["this_run"]["measured"] == 8
+    assert all(sum(record_counts(tmp_path / "search" / f"shard-000{i}").values()) == 4 for i in range(2))
+
+
 @pytest.mark.slow   # 60-120 s on 2 cores: in `make test`'s second phase, so the first stays under 15 min
 @pytest.mark.parametrize("devices,labels", [([0, 1], {"gpu0", "gpu1"}), ([0, 0], {"gpu0.0", "gpu0.1"})])
 def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path, devices, labels):

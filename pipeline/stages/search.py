@@ -64,7 +64,7 @@ class SearchParams:
     work_dir: str = "data/search"
     report: str = "reports/search.json"
     offset: int = 0                  # skip this many eligible workloads (held-out splits, sharding across machines)
-    persistent_builder: bool = True  # keep build workers across rounds (pipeline.tuning.PoolBuilder)
+    persistent_builder: bool = True  # keep build workers across rounds (pipeline.tuning.PoolBuilder), one runner across shards
     # "replay": a task's first batch straight from the design space, then evolutionary search
     # (pipeline.tuning.ReplayFirst); "evolutionary": MetaSchedule's stock strategy throughout
     first_round: str = "evolutionary"
@@ -201,12 +201,12 @@ def record_counts(db_dir: Path) -> dict[str, int]:
 
 
 def _tune_shard(p: SearchParams, target, shard_dir: Path, pending: list[tuple[Spec, str, int]], bar,
-                pool=None) -> Phases:
+                pool=None, runner=None) -> Phases:
     ids = [spec.id for spec, _, _ in pending]
     budget = max(r for _, _, r in pending)
     return tuning.tune(p, target, [(spec.id, build(spec)) for spec, _, _ in pending], shard_dir, budget,
                        p.trials_per_iter, callbacks=[_Recorder(str(shard_dir / "errors.jsonl"), ids, bar)],
-                       pool=pool, overlap=p.overlap)
+                       pool=pool, overlap=p.overlap, runner=runner)
 
 
 def _listed(shard_dir: Path, name: str) -> dict:
@@ -265,11 +265,12 @@ def _list_failed(shard_dir: Path, why: dict[str, str]) -> None:
     files.write_json(shard_dir / "failed.json", {**_failed(shard_dir), **why})
 
 
-def _tune_group(p: SearchParams, target, shard_dir: Path, group, bar, pool, phases: Phases) -> str | None:
+def _tune_group(p: SearchParams, target, shard_dir: Path, group, bar, pool, phases: Phases,
+                runner=None) -> str | None:
     """Tune `group` in one run: None, or why TVM raised (the error logged, its time counted apart)."""
     start = time.perf_counter()
     try:
-        phases.add(_tune_shard(p, target, shard_dir, group, bar, pool))
+        phases.add(_tune_shard(p, target, shard_dir, group, bar, pool, runner))
         _mark_exhausted(p, shard_dir, group)
         return None
     except Exception as err:   # noqa: BLE001 - anything TVM raises: recorded, never fatal
@@ -279,7 +280,7 @@ def _tune_group(p: SearchParams, target, shard_dir: Path, group, bar, pool, phas
 
 
 def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec], entries: list[dict],
-                      bar, pool=None) -> Phases:
+                      bar, pool=None, runner=None) -> Phases:
     """Tune the shard's pending workloads together; if TVM raises (seen on the H200:
     `IndexError: Index 3 out of bounds 3` inside TaskSchedulerTune), keep what was measured and
     log the error. Then the workloads whose design space cannot be generated are listed in
@@ -290,7 +291,7 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
     goes to failed.json. The stage goes on in every case."""
     phases = Phases()
     pending = _pending(p, shard_dir, shard, entries)
-    if not pending or _tune_group(p, target, shard_dir, pending, bar, pool, phases) is None:
+    if not pending or _tune_group(p, target, shard_dir, pending, bar, pool, phases, runner) is None:
         return phases
     start = time.perf_counter()
     no_space = {h: why for spec, h, _ in pending if (why := design_space_error(target, spec)) is not None}
@@ -298,10 +299,10 @@ def tune_shard_safely(p: SearchParams, target, shard_dir: Path, shard: list[Spec
     if no_space:
         _list_failed(shard_dir, no_space)
         rest = _pending(p, shard_dir, shard, entries)
-        if not rest or (len(rest) > 1 and _tune_group(p, target, shard_dir, rest, bar, pool, phases) is None):
+        if not rest or (len(rest) > 1 and _tune_group(p, target, shard_dir, rest, bar, pool, phases, runner) is None):
             return phases
     for one in _pending(p, shard_dir, shard, entries):
-        why = _tune_group(p, target, shard_dir, [one], bar, pool, phases)
+        why = _tune_group(p, target, shard_dir, [one], bar, pool, phases, runner)
         if why is not None:
             _list_failed(shard_dir, {one[1]: why})
     return phases
@@ -365,6 +366,10 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     # one pool of build workers for all the shards (started once, recycled every 16 rounds)
     kind = overlap.OverlapBuilder if p.overlap else tuning.PoolBuilder
     pool = kind(p.builder_workers, p.build_timeout_s, Phases()) if p.persistent_builder else None
+    # and one runner: TVM's LocalRunner starts its measuring worker (a process importing TVM) when it
+    # is made, 5-7 s on 2 cores; made for each shard, that went between the shards, untimed (8-12 s a
+    # shard of the H100 campaign step of session 33). MetaSchedule's own Relax tuning keeps one too.
+    runner = tuning.make_runner(p) if p.persistent_builder else None
     bar = tqdm(total=_remaining(p, plan), desc=f"search{part}", unit="trial", disable=not progress,
                position=position, dynamic_ncols=True)
     # overlapped, a shard's DLight baselines are built and timed beside the next shard's tuning
@@ -374,7 +379,7 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
             if deadline is not None and time.time() > deadline:
                 break          # --stop-after: the next run resumes here
             bar.set_postfix_str(shard_dir.name)
-            done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool)
+            done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool, runner)
             save = (lambda d=shard_dir: archive.save(d, Path(p.archive_dir))) if p.archive_dir else None
             if save:
                 save()         # the databases kept before the baselines are timed
@@ -392,6 +397,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
         bar.close()
         if pool is not None:
             pool.shutdown()
+        if getattr(runner, "pool", None) is not None:
+            runner.pool.shutdown()     # its measuring worker, now rather than when garbage-collected
         phases.baseline_s += timer.wait()     # beside: only what the last shard's baselines kept us waiting
         phases.baseline_beside_s = timer.background_s
     return phases
