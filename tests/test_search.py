@@ -115,12 +115,12 @@ def test_a_task_scheduler_exception_costs_only_its_workload(tmp_path, monkeypatc
     bad = select_workloads(p)[1].id
     real, calls = search._tune_shard, []
 
-    def flaky(p_, target, shard_dir, pending, bar, pool=None):
+    def flaky(p_, target, shard_dir, pending, bar, pool=None, runner=None):
         calls.append([s.id for s, _, _ in pending])
         if bad in calls[-1]:
             time.sleep(0.2)
             raise IndexError("Index 3 out of bounds 3")
-        return real(p_, target, shard_dir, pending, bar, pool)
+        return real(p_, target, shard_dir, pending, bar, pool, runner)
 
     monkeypatch.setattr(search, "_tune_shard", flaky)
     summary = run_search(p, progress=False)
@@ -148,11 +148,11 @@ def test_a_workload_without_a_design_space_leaves_the_rest_of_its_shard_together
     bad, calls, checked = ids[1], [], []
     real = search._tune_shard
 
-    def flaky(p_, target, shard_dir, pending, bar, pool=None):
+    def flaky(p_, target, shard_dir, pending, bar, pool=None, runner=None):
         calls.append(sorted(s.id for s, _, _ in pending))
         if bad in calls[-1]:
             raise IndexError("Index 6 out of bounds 6")
-        return real(p_, target, shard_dir, pending, bar, pool)
+        return real(p_, target, shard_dir, pending, bar, pool, runner)
 
     def no_space(target, spec):
         checked.append(spec.id)
@@ -265,9 +265,9 @@ def test_a_workload_whose_search_ends_short_is_not_retried(tmp_path, monkeypatch
     p = _params(tmp_path)
     real, calls = search._tune_shard, []
 
-    def gives_up_early(p_, target, shard_dir, pending, bar, pool=None):
+    def gives_up_early(p_, target, shard_dir, pending, bar, pool=None, runner=None):
         calls.append(len(pending))
-        return real(p_, target, shard_dir, [(s, h, 2) for s, h, _ in pending], bar, pool)
+        return real(p_, target, shard_dir, [(s, h, 2) for s, h, _ in pending], bar, pool, runner)
 
     monkeypatch.setattr(search, "_tune_shard", gives_up_early)
     first = run_search(p, progress=False)
