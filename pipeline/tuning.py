@@ -94,6 +94,10 @@ def export_shared(rt_mod, path: str | None = None) -> str:
     return path
 
 
+def _started() -> bool:
+    return True
+
+
 @tvm.ir.utils.derived_object
 class PoolBuilder(ms.builder.PyBuilder):
     """LocalBuilder's work (its build function, its error messages; each artifact linked by
@@ -105,24 +109,41 @@ class PoolBuilder(ms.builder.PyBuilder):
         super().__init__()
         self.max_workers, self.timeout_sec, self.recycle_after = max_workers, timeout_sec, recycle_after
         self.phases, self._pool, self._uses = phases, None, 0
+        self._next = None          # the pool that takes over at the next recycle, already started
         self.f_build = f_build     # LocalBuilder's f_build: None (its default_build) or a picklable function
 
-    def _get_pool(self):
+    def _fresh_pool(self):
+        """A pool whose workers are started now: each submits nothing but starts (a process that
+        imports TVM, 5-16 s on 2 cores) on a thread of the pool, beside whatever runs meanwhile,
+        rather than inside the next round's builds."""
         from tvm.support.popen_pool import PopenPoolExecutor
 
+        pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec, initializer=worker_init)
+        pool.started = [pool.submit(_started) for _ in range(self.max_workers)]
+        return pool
+
+    def warm(self) -> None:
+        """Start the first pool's workers now (the stage calls it before its first shard)."""
+        if self._pool is None and self._next is None:
+            self._next = self._fresh_pool()
+
+    def _get_pool(self):
         if self._pool is not None and self._uses >= self.recycle_after:
-            self.shutdown()
+            self._pool.shutdown()
+            self._pool = None
         if self._pool is None:
-            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
-                                           initializer=worker_init)
+            self._pool, self._next = self._next or self._fresh_pool(), None
             self._uses = 0
         self._uses += 1
+        if self._uses >= self.recycle_after and self._next is None:
+            self._next = self._fresh_pool()      # this round is the pool's last: its successor starts beside it
         return self._pool
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        for pool in (self._pool, self._next):
+            if pool is not None:
+                pool.shutdown()
+        self._pool = self._next = None
 
     def build(self, build_inputs):
         from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func

@@ -366,6 +366,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     # one pool of build workers for all the shards (started once, recycled every 16 rounds)
     kind = overlap.OverlapBuilder if p.overlap else tuning.PoolBuilder
     pool = kind(p.builder_workers, p.build_timeout_s, Phases()) if p.persistent_builder else None
+    if pool is not None:
+        pool.warm()        # its workers start (TVM imports) beside the runner's start and the first shard's search
     # and one runner: TVM's LocalRunner starts its measuring worker (a process importing TVM) when it
     # is made, 5-7 s on 2 cores; made for each shard, that went between the shards, untimed (8-12 s a
     # shard of the H100 campaign step of session 33). MetaSchedule's own Relax tuning keeps one too.
