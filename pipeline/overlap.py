@@ -100,6 +100,7 @@ class OverlapBuilder(PoolBuilder._cls):   # TVM's derived_object: subclass the u
                 self.pending[path] = future
             out.append(ms.builder.BuilderResult(path, None))
         self.phases.built(start, len(build_inputs))
+        self._start_successor()       # its workers start beside these builds (the pool is replaced once idle)
         return out
 
     def wait(self, path: str) -> str | None:

@@ -135,9 +135,13 @@ class PoolBuilder(ms.builder.PyBuilder):
             self._pool, self._next = self._next or self._fresh_pool(), None
             self._uses = 0
         self._uses += 1
-        if self._uses >= self.recycle_after and self._next is None:
-            self._next = self._fresh_pool()      # this round is the pool's last: its successor starts beside it
         return self._pool
+
+    def _start_successor(self) -> None:
+        """After the pool's last round was handed out: its successor's workers start now, while
+        the search strategy takes its turn, rather than in the next round's builds."""
+        if self._uses >= self.recycle_after and self._next is None:
+            self._next = self._fresh_pool()
 
     def shutdown(self) -> None:
         for pool in (self._pool, self._next):
@@ -161,6 +165,7 @@ class PoolBuilder(ms.builder.PyBuilder):
             else:
                 results.append(ms.builder.BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(r.value)))
         self.phases.built(start, len(build_inputs))
+        self._start_successor()
         return results
 
 
