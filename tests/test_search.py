@@ -502,3 +502,35 @@ def test_init_min_unmeasured_reaches_metaschedules_strategy(tmp_path):
     assert metaschedule.settings(target, 4, p)["max_fail_count"] == 20
     with pytest.raises(ValueError, match="max_fail_count"):
         dataclasses.replace(p, max_fail_count=0)
+
+
+def test_an_interrupted_run_keeps_its_shard_in_flight_and_logs_itself(tmp_path, monkeypatch):
+    """Ctrl-C or `timeout -s INT` (session 34's GPU step ended so, its report and run line lost):
+    the shard in flight is archived with what it measured, the report and the archive's run line
+    are written (marked interrupted), the interrupt goes on, and the next run resumes the shard."""
+    from pipeline.stages import search
+
+    p = _params(tmp_path, num_workloads=2, archive_dir=str(tmp_path / "databases"))
+    real, calls = search._tune_shard, []
+
+    def interrupted(p_, target, shard_dir, pending, bar, pool=None, runner=None):
+        calls.append(shard_dir.name)
+        if shard_dir.name == "shard-0001" and len(calls) == 2:     # two trials measured, then Ctrl-C
+            real(p_, target, shard_dir, [(s, h, 2) for s, h, _ in pending], bar, pool, runner)
+            raise KeyboardInterrupt
+        return real(p_, target, shard_dir, pending, bar, pool, runner)
+
+    monkeypatch.setattr(search, "_tune_shard", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(p, progress=False)
+    index = json.loads((tmp_path / "databases" / "index.json").read_text())
+    assert index["shard-0000"]["records"] == 4 and 2 <= index["shard-0001"]["records"] < 4
+    report = json.loads((tmp_path / "search.json").read_text())
+    assert report["this_run"]["interrupted"] is True and report["this_run"]["measured"] == 4 + index["shard-0001"]["records"]
+    runs = list(files.read_jsonl(tmp_path / "databases" / "runs.jsonl"))
+    assert len(runs) == 1 and runs[0]["interrupted"] is True
+    # a fresh work folder (a new machine) resumes from the archive: only shard-0001's rest is measured
+    p2 = _params(tmp_path, num_workloads=2, archive_dir=str(tmp_path / "databases"), work_dir=str(tmp_path / "again"))
+    again = run_search(p2, progress=False)
+    assert again["this_run"]["measured"] == 4 - index["shard-0001"]["records"] and "interrupted" not in again["this_run"]
+    assert calls[2:] == ["shard-0001"]

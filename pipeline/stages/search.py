@@ -377,30 +377,37 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
     # overlapped, a shard's DLight baselines are built and timed beside the next shard's tuning
     lock = Path(p.work_dir).resolve() / f".baselines-{os.getpid()}.lock"
     with baselines.Timer(target, beside=p.overlap and p.baselines_beside, lock_path=lock) as timer:
-        for shard_dir, shard, entries in plan:
-            if deadline is not None and time.time() > deadline:
-                break          # --stop-after: the next run resumes here
-            bar.set_postfix_str(shard_dir.name)
-            done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool, runner)
-            save = (lambda d=shard_dir: archive.save(d, Path(p.archive_dir))) if p.archive_dir else None
-            if save:
-                save()         # the databases kept before the baselines are timed
-            done.baseline_s = timer.submit(shard_dir, shard, then=save)
-            if done.candidates:
-                phases.add(done)
-                files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
-                    "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
-                    "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
-                    "init_min_unmeasured": p.init_min_unmeasured, "max_fail_count": p.max_fail_count,
-                    "first_round": p.first_round,
-                    "overlap": p.overlap, "baselines_beside": timer.beside,
-                    "trials_per_iter": p.trials_per_iter, **done.to_json()})
-        bar.close()
-        if pool is not None:
-            pool.shutdown()
-        if getattr(runner, "pool", None) is not None:
-            runner.pool.shutdown()     # its measuring worker, now rather than when garbage-collected
+        try:
+            for shard_dir, shard, entries in plan:
+                if deadline is not None and time.time() > deadline:
+                    break          # --stop-after: the next run resumes here
+                bar.set_postfix_str(shard_dir.name)
+                save = (lambda d=shard_dir: archive.save(d, Path(p.archive_dir))) if p.archive_dir else None
+                try:
+                    done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool, runner)
+                except KeyboardInterrupt:      # Ctrl-C, `timeout -s INT`: what the shard in flight measured is kept
+                    if save:
+                        save()
+                    raise
+                if save:
+                    save()         # the databases kept before the baselines are timed
+                done.baseline_s = timer.submit(shard_dir, shard, then=save)
+                if done.candidates:
+                    phases.add(done)
+                    files.append_jsonl(Path(p.work_dir) / "throughput.jsonl", {
+                        "shard": shard_dir.name, "part": part.strip(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                        "builder_workers": p.builder_workers, "persistent_builder": p.persistent_builder,
+                        "population_size": p.population_size, "genetic_num_iters": p.genetic_num_iters,
+                        "init_min_unmeasured": p.init_min_unmeasured, "max_fail_count": p.max_fail_count,
+                        "first_round": p.first_round,
+                        "overlap": p.overlap, "baselines_beside": timer.beside,
+                        "trials_per_iter": p.trials_per_iter, **done.to_json()})
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown()
+            if getattr(runner, "pool", None) is not None:
+                runner.pool.shutdown()     # its measuring worker, now rather than when garbage-collected
         phases.baseline_s += timer.wait()     # beside: only what the last shard's baselines kept us waiting
         phases.baseline_beside_s = timer.background_s
     return phases
@@ -444,14 +451,20 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
     before = sum(sum(record_counts(d).values()) for d, _, _ in plan)
     start = time.perf_counter()
     deadline = time.time() + stop_after if stop_after else None
-    if p.cluster:
-        parts = run_on_cluster(p, plan, progress, deadline=deadline)
-    elif len(p.devices) > 1:
-        parts = _run_parts(p, plan, progress, deadline)
-    else:
-        if p.devices:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(p.devices[0])
-        parts = [_run_shards(p, plan, progress, deadline=deadline).to_json()]
+    interrupted = False
+    try:
+        if p.cluster:
+            parts = run_on_cluster(p, plan, progress, deadline=deadline)
+        elif len(p.devices) > 1:
+            parts = _run_parts(p, plan, progress, deadline)
+        else:
+            if p.devices:
+                os.environ["CUDA_VISIBLE_DEVICES"] = str(p.devices[0])
+            parts = [_run_shards(p, plan, progress, deadline=deadline).to_json()]
+    except KeyboardInterrupt:
+        # interrupted: the report and the archive's run line are still written (what was measured, on
+        # which machine), then the interrupt goes on; the next run resumes from the databases
+        interrupted, parts = True, []
     seconds = time.perf_counter() - start
     measured = sum(sum(record_counts(d).values()) for d, _, _ in plan) - before
     rows = [r for shard_dir, _, _ in plan for r in summarize_shard(shard_dir)]
@@ -469,13 +482,16 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
                      "devices": p.devices, "builder_workers": p.builder_workers,
                      "persistent_builder": p.persistent_builder, "overlap": p.overlap,
-                     "baselines_beside": p.overlap and p.baselines_beside, "remaining_trials": _remaining(p, plan), "parts": parts},
+                     "baselines_beside": p.overlap and p.baselines_beside, "remaining_trials": _remaining(p, plan),
+                     **({"interrupted": True} if interrupted else {}), "parts": parts},
         "per_workload": rows,
     }
     files.write_json(p.report, summary)
     if p.archive_dir and measured:
         archive.log_run(Path(p.archive_dir), {k: v for k, v in summary["this_run"].items() if k != "parts"},
                         totals={k: summary[k] for k in ("workloads", "trials", "failed_trials")})
+    if interrupted:
+        raise KeyboardInterrupt
     return summary
 
 
@@ -515,8 +531,15 @@ def _run_parts(p: SearchParams, plan, progress: bool, deadline: float | None) ->
              for k, d in enumerate(p.devices)]
     for proc in procs:
         proc.start()
-    for proc in procs:
-        proc.join()
+    try:
+        for proc in procs:
+            proc.join()
+    except KeyboardInterrupt:     # the parts got it too (one process group): each keeps its shard in flight
+        for proc in procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.terminate()
+        raise
     bad = [(d, proc.exitcode) for d, proc in zip(p.devices, procs) if proc.exitcode != 0]
     if bad:
         raise RuntimeError(f"search parts failed (GPU, exit code): {bad}; rerun to resume")
