@@ -221,7 +221,8 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0
 
 
-@pytest.mark.parametrize("persistent,made", [(True, 1), (False, 2)])
+# the second case (a runner a shard without the persistent builder) is slow-marked: 50 s, default run under 15 min
+@pytest.mark.parametrize("persistent,made", [(True, 1), pytest.param(False, 2, marks=pytest.mark.slow)])
 def test_one_runner_measures_every_shard(tmp_path, monkeypatch, persistent, made):
     """TVM's LocalRunner starts its measuring worker (a process importing TVM, 5-7 s here) when
     it is made; made for each shard, that time went between the shards, outside every timer (8-12 s
