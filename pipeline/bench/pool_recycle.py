@@ -21,24 +21,15 @@ from pipeline import files
 
 def _cold_builder(workers: int, recycle_after: int):
     from pipeline.tuning import Phases, PoolBuilder
-    from pipeline.tvm_env import tvm, worker_init
+    from pipeline.tvm_env import tvm
 
     @tvm.ir.utils.derived_object
-    class Cold(PoolBuilder._cls):   # the recycle as it was: a fresh pool when a round asks for one
+    class Cold(PoolBuilder._cls):   # the recycle as it was: a fresh pool only when a round asks for one
         def warm(self) -> None:
             pass
 
-        def _get_pool(self):
-            from tvm.support.popen_pool import PopenPoolExecutor
-
-            if self._pool is not None and self._uses >= self.recycle_after:
-                self.shutdown()
-            if self._pool is None:
-                self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
-                                                initializer=worker_init)
-                self._uses = 0
-            self._uses += 1
-            return self._pool
+        def _start_successor(self) -> None:
+            pass
 
     return Cold(workers, 60.0, Phases(), recycle_after=recycle_after)
 
