@@ -216,6 +216,8 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     assert log[0]["rounds"] == 2 and log[0]["candidates"] == 8 and log[0]["build_s"] > 0
     # TVM's LocalRunner measures inside Runner.run: that time is the run's, not the strategy's
     assert log[0]["run_s"] > 0
+    # the machine's busy cores over the shard: its builds and measurements kept at least part of one busy
+    assert 0 < log[0]["cores_busy"] <= log[0]["host_cpus"] + 0.5
     # the shard's DLight baselines (built and timed after its tuning) are timed apart
     assert log[0]["baseline_s"] > 0 and json.loads((tmp_path / "search" / "shard-0000" / "baselines.json").read_text())
     assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0

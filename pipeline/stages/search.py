@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline import archive, baselines, cluster, device_lock, files, overlap, params as P, records, tuning
+from pipeline import archive, baselines, cluster, device_lock, files, hostcpu, overlap, params as P, records, tuning
 from pipeline.tuning import Phases
 from pipeline.tvm_env import last_line, make_target, ms, structural_hash, tvm
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
@@ -383,6 +383,7 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                     break          # --stop-after: the next run resumes here
                 bar.set_postfix_str(shard_dir.name)
                 save = (lambda d=shard_dir: archive.save(d, Path(p.archive_dir))) if p.archive_dir else None
+                cpu = hostcpu.sample()     # the machine's busy cores over the shard (builds are CPU-bound)
                 try:
                     done = tune_shard_safely(p, target, shard_dir, shard, entries, bar, pool, runner)
                 except KeyboardInterrupt:      # Ctrl-C, `timeout -s INT`: what the shard in flight measured is kept
@@ -401,7 +402,8 @@ def _run_shards(p: SearchParams, plan, progress: bool, part: str = "", position:
                         "init_min_unmeasured": p.init_min_unmeasured, "max_fail_count": p.max_fail_count,
                         "first_round": p.first_round,
                         "overlap": p.overlap, "baselines_beside": timer.beside,
-                        "trials_per_iter": p.trials_per_iter, **done.to_json()})
+                        "trials_per_iter": p.trials_per_iter, "cores_busy": hostcpu.cores_busy(cpu),
+                        "host_cpus": os.cpu_count(), **done.to_json()})
         finally:
             bar.close()
             if pool is not None:
