@@ -221,6 +221,7 @@ def test_builder_workers_are_kept_across_rounds(tmp_path):
     # the shard's DLight baselines (built and timed after its tuning) are timed apart
     assert log[0]["baseline_s"] > 0 and json.loads((tmp_path / "search" / "shard-0000" / "baselines.json").read_text())
     assert summary["this_run"]["measured"] == 8 and summary["this_run"]["candidates_per_min"] > 0
+    assert 0 < summary["this_run"]["cores_busy"] <= summary["this_run"]["host_cpus"] + 0.5
 
 
 # the second case (a runner a shard without the persistent builder) is slow-marked: 50 s, default run under 15 min

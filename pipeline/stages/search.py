@@ -451,7 +451,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
                             f"max_elements={p.max_elements}; raise the limits or add families")
     plan = _plan(p, specs)
     before = sum(sum(record_counts(d).values()) for d, _, _ in plan)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), hostcpu.sample()
     deadline = time.time() + stop_after if stop_after else None
     interrupted = False
     try:
@@ -467,7 +467,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
         # interrupted: the report and the archive's run line are still written (what was measured, on
         # which machine), then the interrupt goes on; the next run resumes from the databases
         interrupted, parts = True, []
-    seconds = time.perf_counter() - start
+    seconds, cores_busy = time.perf_counter() - start, hostcpu.cores_busy(cpu)
     measured = sum(sum(record_counts(d).values()) for d, _, _ in plan) - before
     rows = [r for shard_dir, _, _ in plan for r in summarize_shard(shard_dir)]
     speedups = [r["speedup"] for r in rows if r.get("speedup")]
@@ -482,6 +482,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
         "speedup_geomean_vs_baseline": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
         "this_run": {"measured": measured, "seconds": round(seconds, 1),
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
+                     "cores_busy": cores_busy, "host_cpus": os.cpu_count(),
                      "devices": p.devices, "builder_workers": p.builder_workers,
                      "persistent_builder": p.persistent_builder, "overlap": p.overlap,
                      "baselines_beside": p.overlap and p.baselines_beside, "remaining_trials": _remaining(p, plan),
