@@ -106,8 +106,11 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, stop
         out["runs"].append(row)
         print({k: v for k, v in row.items() if k not in ("parts", "best_s")}, row["parts"], flush=True)
         if out_path:     # each variant's figures kept as soon as it ends (a device call may be cut)
+            import time
+
             from pipeline import files
 
+            out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")    # the latest run's end (search_history's order)
             files.write_json(out_path, out)
     return out
 
