@@ -19,6 +19,7 @@ import dataclasses
 import math
 import os
 import tempfile
+import time
 
 import yaml
 
@@ -106,8 +107,6 @@ def run(params_path: str, variants: list[str], workloads: int, trials: int, stop
         out["runs"].append(row)
         print({k: v for k, v in row.items() if k not in ("parts", "best_s")}, row["parts"], flush=True)
         if out_path:     # each variant's figures kept as soon as it ends (a device call may be cut)
-            import time
-
             from pipeline import files
 
             out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")    # the latest run's end (search_history's order)
