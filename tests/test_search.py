@@ -260,6 +260,8 @@ def test_two_devices_tune_alternate_shards_in_two_processes(tmp_path, devices, l
     assert (tmp_path / "search" / ".device-0.lock").exists() == (devices == [0, 0])
 
 
+# slow phase (38-65 s on CI's 2 cores): the default run stays under 15 min
+@pytest.mark.slow
 def test_a_workload_whose_search_ends_short_is_not_retried(tmp_path, monkeypatch):
     """MetaSchedule ends a task when it cannot sample new candidates (seen on the H200: 'Cannot
     sample enough initial population'); such a workload is listed with its count and a resume

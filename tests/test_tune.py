@@ -70,6 +70,8 @@ def test_tune_rejects_a_file_without_a_kernel(tmp_path, capsys):
     assert "no PrimFunc" in capsys.readouterr().err
 
 
+# slow phase (38-65 s on CI's 2 cores): the default run stays under 15 min
+@pytest.mark.slow
 def test_a_model_that_repeats_itself_gets_its_rounds_filled_from_the_design_space(tmp_path, monkeypatch, cpu_target):
     """The budget is spent either way: a round with too few new scripts from the model is
     filled with design-space samples, each candidate keeping its source; without `fill` the
