@@ -13,7 +13,7 @@ def test_busy_cores_are_busy_ticks_over_the_time_between_samples(tmp_path, monke
     hz = os.sysconf("SC_CLK_TCK")
     monkeypatch.setattr(hostcpu, "STAT", _stat(tmp_path, 1000, 500, 9000, 100))
     clock = iter([10.0, 12.0])
-    monkeypatch.setattr(hostcpu.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(hostcpu, "_clock", lambda: next(clock))
     start = hostcpu.sample()
     # 2 s later: 3 cores' worth of user + system ticks, idle and iowait grew too (not busy)
     monkeypatch.setattr(hostcpu, "STAT", _stat(tmp_path, 1000 + 4 * hz, 500 + 2 * hz, 9000 + 2 * hz, 100 + hz))
