@@ -18,8 +18,8 @@ STAT = Path("/proc/stat")
 _clock = time.monotonic       # tests replace this one, not time.monotonic itself
 
 
-def _ticks() -> tuple[int, int] | None:
-    """(busy, all) clock ticks of all cores since boot; idle and iowait are not busy."""
+def _busy_ticks() -> int | None:
+    """Busy clock ticks of all cores since boot (idle and iowait are not busy)."""
     try:
         line = STAT.read_text().split("\n", 1)[0].split()
     except OSError:
@@ -27,18 +27,17 @@ def _ticks() -> tuple[int, int] | None:
     if not line or line[0] != "cpu":
         return None
     ticks = [int(x) for x in line[1:9]]     # user nice system idle iowait irq softirq steal (guest is in user)
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-    return sum(ticks) - idle, sum(ticks)
+    return sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
 
 
-def sample() -> tuple[float, tuple[int, int] | None]:
-    return _clock(), _ticks()
+def sample() -> tuple[float, int | None]:
+    return _clock(), _busy_ticks()
 
 
-def cores_busy(start: tuple[float, tuple[int, int] | None]) -> float | None:
+def cores_busy(start: tuple[float, int | None]) -> float | None:
     """Average number of busy cores between `start` (from `sample()`) and now."""
     t0, before = start
-    after, seconds = _ticks(), _clock() - t0
+    after, seconds = _busy_ticks(), _clock() - t0
     if before is None or after is None or seconds <= 0:
         return None
-    return round((after[0] - before[0]) / os.sysconf("SC_CLK_TCK") / seconds, 2)
+    return round((after - before) / os.sysconf("SC_CLK_TCK") / seconds, 2)

@@ -108,12 +108,9 @@ def plot(rows: list[dict], path: str) -> None:
                 ax.scatter(*zip(*pts), marker=marker, color=color, label=f"{gpu}, {kind}",
                            facecolors="none" if kind == "campaign" else color)
     ax.axhline(TARGET, color="grey", linestyle="--", linewidth=1, label=f"target {TARGET:.0f}/min")
-    dates = sorted({(r["time"][:10], i) for i, r in enumerate(rows)}, key=lambda x: x[1])
-    ticks, seen = [], set()
-    for date, i in dates:
-        if date not in seen:
-            seen.add(date)
-            ticks.append((i, date[5:] or "?"))
+    # rows are in time order: a tick where the day changes
+    ticks = [(i, r["time"][5:10] or "?") for i, r in enumerate(rows)
+             if i == 0 or r["time"][:10] != rows[i - 1]["time"][:10]]
     ax.set_xticks([i for i, _ in ticks], [d for _, d in ticks], rotation=45, fontsize=8)
     ax.set_xlabel("runs in time order (first run of each day labelled)")
     ax.set_ylabel("measured candidates / min")
