@@ -65,6 +65,7 @@ def _builds_of_decoded(traces, target, per_family_limit):
 # One test per target: sampling >1,000 traces is the expensive part, done once each.
 # Together: >= 600 CPU + >= 400 CUDA traces, i.e. more than 1,000.
 
+@pytest.mark.slow     # ~100 s: the default run keeps under 15 min (CI runs it in its slow phase)
 def test_cpu_traces_round_trip_exactly_and_build(cpu_target):
     traces = _sample_traces(cpu_target, sorted(FAMILIES), 5, 8)
     families = _assert_round_trips(traces, cpu_target)

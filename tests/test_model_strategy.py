@@ -1,9 +1,12 @@
 """The model as a MetaSchedule search strategy: `ms.tune_tir(..., strategy=ModelFirst(dir))`
 measures the model's scripts first, then MetaSchedule's own search fills the budget."""
 
+import pytest
+
 from helpers import SPEC, tiny_model
 
 
+@pytest.mark.slow     # ~65 s: the default run keeps under 15 min (CI runs it in its slow phase)
 def test_tune_tir_takes_the_model_as_its_strategy(tmp_path, cpu_target):
     from pipeline import codec
     from pipeline.model_strategy import ModelFirst
