@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from pipeline import files
+from pipeline.bench import write_history
 
 TARGET = 150.0
 
@@ -129,12 +129,7 @@ def main() -> None:
     ap.add_argument("--out", default="reports/search_throughput")
     args = ap.parse_args()
     rows = history(Path(args.reports), Path(args.runs))
-    if not rows:
-        print(f"error: no GPU search runs in {args.reports}/bench_search_h*.json or {args.runs}", file=sys.stderr)
-        raise SystemExit(2)
-    Path(f"{args.out}.md").write_text(table(rows))
-    plot(rows, f"{args.out}.png")
-    print(f"{len(rows)} runs -> {args.out}.md, {args.out}.png")
+    write_history(rows, args.out, table, plot, f"no GPU search runs in {args.reports}/bench_search_h*.json or {args.runs}")
 
 
 if __name__ == "__main__":
