@@ -1,6 +1,7 @@
 """`little-dragon tune`: model-guided tuning into a MetaSchedule database, resumable."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -136,6 +137,42 @@ def test_bench_refuses_a_bad_inside_search_with_one_line(value, monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         bench.main()
     assert e.value.code == 2 and "--inside-search takes POPxGENS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5"])
+def test_bench_refuses_an_eps_greedy_outside_0_1_with_one_line(value, monkeypatch, capsys):
+    import sys
+
+    from pipeline.bench import tune as bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "--variants", "ms_cost_eps", "--eps-greedy", value])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2 and "--eps-greedy must be within [0, 1]" in capsys.readouterr().err
+
+
+def test_bench_ms_cost_eps_hands_its_share_of_random_picks_to_metaschedules_search(monkeypatch, cpu_target):
+    """ms_cost and ms_cost_eps run the same search but for eps_greedy: MetaSchedule's own 0.05 for
+    ms_cost (no argument), the given share for ms_cost_eps."""
+    from pipeline import metaschedule
+    from pipeline.bench import tune as bench
+    from pipeline.tvm_env import ms
+
+    made, tuned = [], []
+
+    def strategy(**kw):
+        made.append(kw)
+        return "strategy"
+
+    monkeypatch.setattr(ms.search_strategy, "EvolutionarySearch", strategy)
+    monkeypatch.setattr(metaschedule, "tune", lambda *a, **kw: tuned.append(kw["strategy"]) or "tuned")
+    monkeypatch.setattr(bench, "_retimed", lambda tuned, *a: {"_candidates": []})
+    for eps in (None, 0.25):
+        bench._inside(None, None, None, 16, SimpleNamespace(population_size=512, genetic_num_iters=4), None,
+                      None, "x", None, None, eps_greedy=eps)
+    assert made == [{"population_size": 512, "genetic_num_iters": 4},
+                    {"population_size": 512, "genetic_num_iters": 4, "eps_greedy": 0.25}]
+    assert tuned == ["strategy", "strategy"]
 
 
 def test_bench_finalists_are_each_contenders_best_then_timed_again_taking_turns_and_compared_by_median():

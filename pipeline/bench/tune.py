@@ -50,13 +50,13 @@ def _best_curve(latencies: list[float | None]) -> list[float | None]:
     return out
 
 
-VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost", "transfer_first_cost")
+VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost", "ms_cost_eps", "transfer_first_cost")
 
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
              oversample: int = 1, cost=None, variants=VARIANTS, inside_per_iter: int | None = None,
              focus: int = 1, inside_search: tuple[int, int] | None = None, library=None,
-             transfer_rank: str = "cost", final_rounds: int = 0) -> dict:
+             transfer_rank: str = "cost", final_rounds: int = 0, eps_greedy: float = 0.25) -> dict:
     """One task: MetaSchedule@ms_trials (the yardstick, always) and each of `variants` at
     `trials`. `cost()` makes a fresh cost model (pre-trained or empty) for the variants that
     use one; `model_cost` runs only with `oversample` > 1 (the model writes that many times
@@ -65,7 +65,8 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
     how many times their cost model counts the kernel's own measurements (`as_metaschedule`);
     `inside_search`: their evolutionary search's (population, generations), default the yardstick's.
     `library()`: the transfer library (pipeline.transfer) of `transfer_first_cost`, whose first
-    batch `transfer_rank` picks (pipeline.transfer.first). `final_rounds` > 0: the finalists
+    batch `transfer_rank` picks (pipeline.transfer.first). `eps_greedy`: the share of each round
+    `ms_cost_eps` measures at random rather than by the cost model. `final_rounds` > 0: the finalists
     (MetaSchedule's best of its first `trials` and `ms_trials`, each variant's of its `trials`)
     timed again that many rounds each, side by side (`final_retime`, the row's `final`)."""
     from pipeline import metaschedule
@@ -98,6 +99,12 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             # language model): what the cost model brings without the model's scripts
             row["ms_cost"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_cost",
                                      f"bench_{item}_ms_cost", None, cost, focus)
+        if "ms_cost_eps" in variants:
+            # the same, hedged: `eps_greedy` of each round picked at random from the population rather
+            # than by the pre-trained cost model (MetaSchedule's 0.05 of a round of 8 picks none), so
+            # a kernel the campaign's model misranks still gets MetaSchedule's own exploration
+            row["ms_cost_eps"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_cost_eps",
+                                         f"bench_{item}_ms_cost_eps", None, cost, focus, eps_greedy=eps_greedy)
         if "transfer_first_cost" in variants:
             # no language model either: the campaign's best scripts of other workloads carried onto
             # this kernel (ranked by the pre-trained cost model) as the first batch, then ms_cost
@@ -136,11 +143,12 @@ def _tune(mod, target_spec, model, tok, work, checker, trials: int, cost=None, o
 
 
 def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost, focus: int = 1,
-            library=None, rank: str = "cost") -> dict:
+            library=None, rank: str = "cost", eps_greedy: float | None = None) -> dict:
     """MetaSchedule's own tuning at `trials`: with `model` (a loaded pair), ModelFirst (the
     model's batch, then the evolutionary search); with `library`, ModelFirst whose batch the
     library carries over from other workloads; else the evolutionary search alone. With
-    `cost`, the search ranks by the pre-trained cost model (`CostModel.as_metaschedule`)."""
+    `cost`, the search ranks by the pre-trained cost model (`CostModel.as_metaschedule`);
+    `eps_greedy`: the evolutionary search's share of random picks (None: MetaSchedule's 0.05)."""
     from pipeline import metaschedule
     from pipeline.model_strategy import ModelFirst
     from pipeline.tvm_env import ms
@@ -152,8 +160,9 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
         strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,
                               genetic_num_iters=sp.genetic_num_iters, proposer=library, rank=rank)
     else:
-        strategy = ms.search_strategy.EvolutionarySearch(population_size=sp.population_size,
-                                                         genetic_num_iters=sp.genetic_num_iters)
+        strategy = ms.search_strategy.EvolutionarySearch(
+            population_size=sp.population_size, genetic_num_iters=sp.genetic_num_iters,
+            **({} if eps_greedy is None else {"eps_greedy": eps_greedy}))
     tuned = metaschedule.tune(mod, target, trials, work, sp, name, strategy=strategy, cost_model=xgb)
     out = _retimed(tuned, mod, target_spec, checker)
     if model is not None:
@@ -210,6 +219,7 @@ LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "m
           "model_first": "model first, then MetaSchedule",
           "model_first_cost": "model first, then MetaSchedule with the pre-trained cost model",
           "ms_cost": "MetaSchedule with the pre-trained cost model",
+          "ms_cost_eps": "MetaSchedule with the pre-trained cost model, a share of each round at random",
           "transfer_first_cost": "campaign scripts carried over first, then MetaSchedule with the pre-trained cost model"}
 
 
@@ -361,6 +371,9 @@ def main() -> None:
                     help="time each contender's finalist (its fastest of its first --trials, MetaSchedule's also of "
                          "its --ms-trials) again ROUNDS times, taking turns, and compare their medians too "
                          "(default 0: not; the model's own tune variants have no finalist)")
+    ap.add_argument("--eps-greedy", type=float, default=0.25,
+                    help="ms_cost_eps: the share of each round picked at random rather than by the pre-trained "
+                         "cost model (MetaSchedule's own: 0.05, which in a round of 8 picks none)")
     ap.add_argument("--cost-data", default=None,
                     help="a search work folder to pre-train the cost model on (default: the target's campaign in "
                          "databases/; none: it learns from each tune's measurements only)")
@@ -369,6 +382,8 @@ def main() -> None:
         ap.error(f"--focus must be >= 1 (got {args.focus})")
     if args.final_retime < 0:
         ap.error(f"--final-retime must be >= 0 (got {args.final_retime})")
+    if not 0.0 <= args.eps_greedy <= 1.0:
+        ap.error(f"--eps-greedy must be within [0, 1] (got {args.eps_greedy})")
     inside_search = None
     if args.inside_search:
         try:
@@ -416,12 +431,13 @@ def main() -> None:
     for item in args.tasks:
         rows.append(run_task(item, model, tok, raw["search"]["target"], args.trials, args.ms_trials, sp, checker,
                              args.oversample, cost, args.variants, args.inside_per_iter, args.focus, inside_search,
-                             library, args.transfer_rank, args.final_retime))
+                             library, args.transfer_rank, args.final_retime, args.eps_greedy))
         summary = summarize(rows, args.trials, args.ms_trials)
         files.write_json(args.out, {"model": args.model if needs_model else None, "target": raw["search"]["target"],
                                     "inside_per_iter": args.inside_per_iter or sp.trials_per_iter, "focus": args.focus,
                                     "inside_search": list(inside_search or (sp.population_size, sp.genetic_num_iters)),
                                     "transfer_rank": args.transfer_rank, "final_retime": args.final_retime,
+                                    "eps_greedy": args.eps_greedy if "ms_cost_eps" in args.variants else None,
                                     **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))

@@ -53,7 +53,7 @@ def _ratios(items: list[dict], name_key: str, pattern: re.Pattern) -> dict[str, 
 def _settings(out: dict, variant: str) -> str:
     """How a MetaSchedule-inside contender searched, where it differs from the benchmark's default
     (one round of 16, MetaSchedule's 512 x 4): runs of different settings are tallied apart."""
-    if variant not in ("ms_cost", "transfer_first_cost"):
+    if variant not in ("ms_cost", "ms_cost_eps", "transfer_first_cost"):
         return variant
     parts = []
     if out.get("inside_per_iter"):
@@ -62,6 +62,8 @@ def _settings(out: dict, variant: str) -> str:
         parts.append(f"focus {out['focus']}")
     if out.get("inside_search") and list(out["inside_search"]) != [512, 4]:
         parts.append("search {}x{}".format(*out["inside_search"]))
+    if variant == "ms_cost_eps" and out.get("eps_greedy") is not None:
+        parts.append(f"eps {out['eps_greedy']}")
     if variant == "transfer_first_cost" and out.get("transfer_rank", "cost") != "cost":
         parts.append(f"rank {out['transfer_rank']}")
     return f"{variant} ({', '.join(parts)})" if parts else variant
