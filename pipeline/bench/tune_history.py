@@ -103,7 +103,9 @@ def tally(rows: list[dict]) -> list[dict]:
     """Per target, kind, contender and timing (re-timed medians or single timings): tasks at or
     under MetaSchedule@64 over all its runs."""
     out: dict[tuple, dict] = {}
+    every: dict[tuple, set] = {}          # the tasks any run of a target and kind measured
     for r in rows:
+        every.setdefault((r["target"], r["kind"]), set()).update(r["ratios"])
         timing = "re-timed" if r["retimed"] else "single"
         t = out.setdefault((r["target"], r["kind"], r["variant"], timing),
                            {"target": r["target"], "kind": r["kind"], "variant": r["variant"], "timing": timing,
@@ -113,9 +115,6 @@ def tally(rows: list[dict]) -> list[dict]:
         t["tasks"] += len(r["ratios"])
         t["wins"] += sum(v <= 1.0 for v in r["ratios"].values())
         t["logs"] += [math.log(v) for v in r["ratios"].values()]
-    every = {}                    # the tasks any run of a target and kind measured
-    for r in rows:
-        every.setdefault((r["target"], r["kind"]), set()).update(r["ratios"])
     for t in out.values():
         logs, covered = t.pop("logs"), t.pop("covered")
         t["fraction"] = t["wins"] / t["tasks"] if t["tasks"] else None
