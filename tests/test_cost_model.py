@@ -148,9 +148,8 @@ def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes
     cands = _candidates(mod, cpu_target, probe)
     assert np.allclose(xgb.predict(context(cpu_target, mod), cands), model.scores(mod, probe), atol=1e-5)
     # MetaSchedule's own search (tune_tasks, as the bench tunes) takes it and adds the run's
-    # measurements to the pre-training. (Not ms.tune_tir: TVM's tune_tir builds its loggers from
-    # the names of the handlers on its logger, and pytest's capture handlers have none, so a second
-    # tune_tir in one pytest process fails; test_model_strategy has the one.)
+    # measurements to the pre-training. (tune_tir itself: test_model_strategy; conftest keeps
+    # pytest's unnamed capture handlers off TVM's logger, on which a second tune_tir failed.)
     from pipeline import metaschedule
     from pipeline.params import from_dict
     from pipeline.stages.search import SearchParams

@@ -59,3 +59,30 @@ def test_no_runs_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         tune_history.main()
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_geomean_leaves_out_what_has_no_ratio():
+    from pipeline.stats import geomean
+
+    assert geomean([0.5, 2.0, None, 0]) == pytest.approx(1.0)
+    assert geomean([4.0, 1.0]) == pytest.approx(2.0)
+    assert geomean([None, 0]) is None and geomean([]) is None
+
+
+def test_network_bench_file_carries_its_time_and_counts_each_network_done(tmp_path):
+    import argparse
+
+    from pipeline.bench.tune_model import summarize
+
+    args = argparse.Namespace(model=None, variants=["ms_cost"], final_retime=10)
+    rows = [{"network": "mlp", "ms_cost_over_ms": 0.9, "final_ms_cost_over_ms": 1.1},
+            {"network": "resnet", "ms_cost_over_ms": 1.2, "final_ms_cost_over_ms": 1.0}]
+    out = summarize(rows[:1], "llvm", args, {"cpus": 2})
+    assert out["ms_cost_at_or_below_ms"] == "1/1" and out["final_ms_cost_at_or_below_ms"] == "0/1"
+    out = summarize(rows, "llvm", args, {"cpus": 2})
+    assert out["ms_cost_at_or_below_ms"] == "1/2" and out["final_ms_cost_at_or_below_ms"] == "1/2"
+    assert out["finished"][:4].isdigit() and "T" in out["finished"]
+    # the history orders files by that time, before the commit that added them
+    (tmp_path / "bench_tune_model_y.json").write_text(json.dumps({"target": {"kind": "llvm"}, **out}))
+    found = tune_history.runs(tmp_path)
+    assert found and all(r["time"] == out["finished"] for r in found)

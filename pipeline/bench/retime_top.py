@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tarfile
 import tempfile
 from pathlib import Path
+
+from pipeline.stats import geomean
 
 SIZES = (4, 8, 12, 16, 24, 32)
 
@@ -61,7 +62,7 @@ def compare(rows: list[dict], first: int, sizes=SIZES) -> dict:
                                                 / len(rows), 1),
                        "best_found_exactly": exact, "no_correct_candidate_timed": none,
                        "worst_ratio": round(max(ratios), 4) if ratios else None,
-                       "geomean_ratio": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 5) if ratios else None}
+                       "geomean_ratio": round(geomean(ratios), 5) if ratios else None}
     return out
 
 

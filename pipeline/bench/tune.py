@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.stats import geomean
+
 TASKS = ["GMM:0", "SFM:0", "NRM:0", "C1D:0", "C2D:0", "DEP:0", "T2D:0", "GRP:0"]
 
 
@@ -241,8 +243,6 @@ class _Tally:
         return (latency / yardstick if ok else None), win
 
     def write(self, out: dict, prefix: str, trials: int, ms_trials: int) -> None:
-        from pipeline.stages.evaluate import geomean
-
         for name, n in self.wins.items():
             out[f"{prefix}{name}@{trials}_le_ms@{ms_trials}"] = n
             out[f"{prefix}{name}_tasks"] = self.ran[name]     # the tasks it ran on (a run may leave a variant out)
@@ -254,8 +254,6 @@ def summarize(rows: list[dict], trials: int, ms_trials: int) -> dict:
     `ms_trials`, and the geomean of that ratio (a task where either has no correct kernel
     counts as a miss and stays out of the geomean); the same for the finalists timed again
     (`final_retime`), keys prefixed `final_`."""
-    from pipeline.stages.evaluate import geomean
-
     def at(curve, k):
         return curve[min(k, len(curve)) - 1] if curve else None
 
@@ -438,7 +436,8 @@ def main() -> None:
                                     "inside_search": list(inside_search or (sp.population_size, sp.genetic_num_iters)),
                                     "transfer_rank": args.transfer_rank, "final_retime": args.final_retime,
                                     "eps_greedy": args.eps_greedy if "ms_cost_eps" in args.variants else None,
-                                    **summary, "rows": rows})
+                                    # the latest task's end: tune_history's order (kept after every task)
+                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **summary, "rows": rows})
         print(summary["per_task"][-1], flush=True)
     plot(rows, str(Path(args.out).with_suffix(".png")))
     s = summarize(rows, args.trials, args.ms_trials)

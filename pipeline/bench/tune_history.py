@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
 
 from pipeline.bench import write_history
 from pipeline.bench.search_history import _added
+from pipeline.stats import geomean
 
 TARGET_FRACTION = 0.7
 _KERNEL = re.compile(r"^(final_)?ratio_(.+)_to_ms_full$")
@@ -109,16 +109,16 @@ def tally(rows: list[dict]) -> list[dict]:
         timing = "re-timed" if r["retimed"] else "single"
         t = out.setdefault((r["target"], r["kind"], r["variant"], timing),
                            {"target": r["target"], "kind": r["kind"], "variant": r["variant"], "timing": timing,
-                            "wins": 0, "tasks": 0, "runs": 0, "logs": [], "covered": set()})
+                            "wins": 0, "tasks": 0, "runs": 0, "ratios": [], "covered": set()})
         t["runs"] += 1
         t["covered"] |= set(r["ratios"])
         t["tasks"] += len(r["ratios"])
         t["wins"] += sum(v <= 1.0 for v in r["ratios"].values())
-        t["logs"] += [math.log(v) for v in r["ratios"].values()]
+        t["ratios"] += r["ratios"].values()
     for t in out.values():
-        logs, covered = t.pop("logs"), t.pop("covered")
+        ratios, covered = t.pop("ratios"), t.pop("covered")
         t["fraction"] = t["wins"] / t["tasks"] if t["tasks"] else None
-        t["geomean"] = math.exp(sum(logs) / len(logs)) if logs else None
+        t["geomean"] = geomean(ratios)
         # judged only where the contender's runs cover every task: 1 of 1 is not 70% of the tasks
         t["covers"] = f"{len(covered)}/{len(every[(t['target'], t['kind'])])}"
         t["meets_target"] = (None if covered != every[(t["target"], t["kind"])]

@@ -159,6 +159,19 @@ LABELS = {"model": "model (tune-model)", "ms_cost": "MetaSchedule + pre-trained 
           "transfer_first_cost": "campaign scripts carried over first + pre-trained cost model"}
 
 
+def summarize(rows: list[dict], target_spec, args, host: dict) -> dict:
+    """The benchmark file: the networks done so far, and per variant on how many its end-to-end
+    latency is <= MetaSchedule's (and the same for the builds timed again side by side)."""
+    out = {"machine": host, "target": target_spec, "model": args.model, "variants": args.variants,
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),     # the latest network's end: tune_history's order
+           "networks": rows}
+    for key in args.variants:
+        out[f"{key}_at_or_below_ms"] = f"{sum(r[f'{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
+        if args.final_retime:
+            out[f"final_{key}_at_or_below_ms"] = f"{sum(r[f'final_{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     from pipeline.bench.search import machine
 
@@ -199,20 +212,16 @@ def main(argv: list[str] | None = None) -> dict:
             libraries.append(transfer.Library.for_target(target_spec))
         return libraries[0]
 
-    rows = []
+    rows, host = [], machine()
+    out = summarize(rows, target_spec, args, host)
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.networks:
             row = run_network(path, args.model, target_spec, args.trials_per_task, Path(tmp) / Path(path).stem,
                               args.variants, cost, library, args.final_retime)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    out = {"machine": machine(), "target": target_spec, "model": args.model, "variants": args.variants,
-           "networks": rows}
-    for key in args.variants:
-        out[f"{key}_at_or_below_ms"] = f"{sum(r[f'{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
-        if args.final_retime:
-            out[f"final_{key}_at_or_below_ms"] = f"{sum(r[f'final_{key}_over_ms'] <= 1.0 for r in rows)}/{len(rows)}"
-    files.write_json(args.out, out)
+            out = summarize(rows, target_spec, args, host)
+            files.write_json(args.out, out)    # kept after every network: an interrupted run keeps those done
     _plot(rows, Path(args.out).with_suffix(".png"))
     print("<= MetaSchedule end to end: " + ", ".join(f"{k} {out[f'{k}_at_or_below_ms']}" for k in args.variants)
           + f" -> {args.out}")

@@ -29,7 +29,6 @@ device lock as the timings do, except while guided decoding makes its masks on t
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -43,6 +42,7 @@ from pipeline.describe import describe
 from pipeline.prompts import source_script
 from pipeline.reward import Measurer
 from pipeline.verify import STAGES, Outcome
+from pipeline.stats import geomean
 
 DEFAULT_GATES = {"min_construction_correctness": 0.90, "min_refinement_correctness": 0.90,
                  "min_speedup": 1.0, "max_latency_ratio": 1.0}
@@ -140,11 +140,6 @@ class Task:
     ms_seconds: float = 0.0
     ms_done: bool = False                 # MetaSchedule finished on it (or raised: ms_error)
     ms_error: str | None = None
-
-
-def geomean(xs) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def _best(outcomes: list[Outcome]) -> Outcome | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline import archive, baselines, cluster, device_lock, files, hostcpu, overlap, params as P, records, tuning
+from pipeline.stats import geomean
 from pipeline.tuning import Phases
 from pipeline.tvm_env import last_line, make_target, ms, structural_hash, tvm
 from pipeline.workloads import FAMILIES, Spec, build, catalog, held_out_hashes
@@ -479,7 +480,7 @@ def run_search(p: SearchParams, progress: bool = True, stop_after: float | None 
         "failed_trials": sum(r["failed"] for r in rows),
         "failed_workloads": {k: v for d, _, _ in plan for k, v in _failed(d).items()},
         "exhausted_workloads": {k: v for d, _, _ in plan for k, v in _exhausted(d).items()},
-        "speedup_geomean_vs_baseline": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
+        "speedup_geomean_vs_baseline": geomean(speedups),
         "this_run": {"measured": measured, "seconds": round(seconds, 1),
                      "candidates_per_min": round(60 * measured / seconds, 1) if measured else None,
                      "cores_busy": cores_busy, "host_cpus": os.cpu_count(),
