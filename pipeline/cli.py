@@ -223,6 +223,11 @@ def _cost_model_args(p) -> None:
 def _tune(args) -> int:
     from pipeline import models, optimize, tune
 
+    if args.strategy == "ms-cost":
+        return _tune_ms_cost(args)
+    if args.focus is not None:
+        print("little-dragon tune: --focus is for --strategy ms-cost", file=sys.stderr)
+        return 2
     model_dir = _default_model(args, "tune")
     if model_dir is None:
         return 2
@@ -234,6 +239,24 @@ def _tune(args) -> int:
         print(f"little-dragon tune: {err}", file=sys.stderr)
         return 2
     print(tune.main_summary(r, args.work_dir))
+    return 0 if r.best_latency_s else 1
+
+
+def _tune_ms_cost(args) -> int:
+    from pipeline import optimize, tune_search
+
+    if args.model is not None or args.oversample != 1 or not args.fill:
+        print("little-dragon tune: --model, --oversample and --no-fill are for --strategy model "
+              "(ms-cost uses no language model)", file=sys.stderr)
+        return 2
+    try:
+        r = tune_search.tune(args.kernel, _target_arg(args.target), args.trials, args.work_dir, batch=args.batch,
+                             focus=16 if args.focus is None else args.focus, cost_data=args.cost_data,
+                             timeout_s=args.timeout, progress=not args.quiet, params_path=args.params)
+    except optimize.KernelError as err:
+        print(f"little-dragon tune: {err}", file=sys.stderr)
+        return 2
+    print(tune_search.main_summary(r, args.work_dir))
     return 0 if r.best_latency_s else 1
 
 
@@ -339,7 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("kernel", help="a TVMScript file with a PrimFunc, or a Python file that builds one (TE)")
     p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
     p.add_argument("--trials", type=int, default=16, help="distinct candidates to measure (N)")
-    p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round")
+    p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round (ms-cost: candidates a round)")
+    p.add_argument("--strategy", choices=["model", "ms-cost"], default="model",
+                   help="model: the language model writes and refines (default); ms-cost: MetaSchedule's evolutionary "
+                        "search ranked by the cost model pre-trained on the target's campaign (no language model)")
+    p.add_argument("--focus", type=int, default=None,
+                   help="ms-cost: times the cost model counts this kernel's measurements against the campaign's (16)")
     _cost_model_args(p)
     p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
     p.add_argument("--work-dir", default="tuned", help="MetaSchedule database and tune.jsonl (resumable)")

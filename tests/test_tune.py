@@ -53,12 +53,20 @@ def test_tune_measures_n_candidates_into_a_database_tvm_reads_and_resumes(tmp_pa
     (["--target", "no-such-target"], "no-such-target"),
     (["--oversample", "0"], "--oversample must be >= 1"),
     (["--oversample", "4", "--cost-data", "no-such-folder"], "not a search work folder"),
+    (["--focus", "4"], "--focus is for --strategy ms-cost"),
+    # ms-cost (no --model given): what belongs to the model's strategy, and bad numbers
+    (["--strategy", "ms-cost", "--oversample", "4"], "for --strategy model"),
+    (["--strategy", "ms-cost", "--no-fill"], "for --strategy model"),
+    (["--strategy", "ms-cost", "--focus", "0"], "must be >= 1"),
+    (["--strategy", "ms-cost", "--trials", "0"], "--trials must be >= 1"),
+    (["--strategy", "ms-cost", "--target", "no-such-target"], "no-such-target"),
 ])
 def test_tune_rejects_bad_input_with_one_line(tmp_path, capsys, extra, message):
     kernel = tmp_path / "k.py"
     kernel.write_text(KERNEL_TE)
     (tmp_path / "m").mkdir()
-    assert main(["tune", str(kernel), "--model", str(tmp_path / "m"), *extra]) == 2
+    model = [] if "--strategy" in extra else ["--model", str(tmp_path / "m")]
+    assert main(["tune", str(kernel), *model, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
 
@@ -232,3 +240,50 @@ def test_bench_plot_legend_sits_below_the_panels_inside_the_figure(tmp_path, tas
     for ax in fig.axes:
         if ax.axison:    # the panel with its tick labels and x label stays above the legend
             assert ax.get_tightbbox(renderer).y0 >= legend.y1
+
+
+@pytest.mark.slow   # ~1-2 min on 2 cores (MetaSchedule's search, population 512 x 4)
+def test_ms_cost_strategy_tunes_with_the_pretrained_cost_model_checks_the_best_and_resumes(tmp_path, capsys,
+                                                                                         cpu_target):
+    from test_cost_model import _database
+
+    from pipeline import files
+    from pipeline.optimize import load_kernel
+    from pipeline.tune_search import SOURCE
+    from pipeline.tvm_env import ms
+    from pipeline.workloads import Spec
+
+    _database(tmp_path / "search", cpu_target, [Spec("matmul", (8, 32, 48), "float32")], 10)
+    kernel = tmp_path / "k.py"
+    kernel.write_text(KERNEL_TE)
+    work = tmp_path / "tuned"
+    args = ["tune", str(kernel), "--strategy", "ms-cost", "--cost-data", str(tmp_path / "search"), "--trials", "6",
+            "--batch", "4", "--work-dir", str(work), "--quiet"]
+    assert main(args) == 0
+    rows = list(files.read_jsonl(work / "tune.jsonl"))
+    assert len(rows) == 6 and {r["source"] for r in rows} == {SOURCE} and [r["round"] for r in rows] == [1] * 4 + [2] * 2
+    result = json.loads((work / "result.json").read_text())
+    assert result["strategy"] == "ms-cost" and result["measured"] == 6 and str(tmp_path / "search") in result["cost_data"]
+    # the best is the fastest of those the checker passed, among MetaSchedule's fastest
+    passed = [c for c in result["checked"] if c["correct"]]
+    assert passed and result["best_latency_s"] == min(c["latency_s"] for c in passed)
+    assert (work / "best.script").read_text().strip() in {r["script"] for r in rows}
+    mod = load_kernel(kernel)
+    assert len(ms.database.JSONDatabase(work_dir=str(work)).get_all_tuning_records()) == 6
+    assert ms.database.JSONDatabase(work_dir=str(work)).query_schedule(mod, cpu_target, "main") is not None
+    # resume: asking for more measures only the difference, and the first six stay as they were
+    assert main(args[:7] + ["8"] + args[8:]) == 0
+    again = list(files.read_jsonl(work / "tune.jsonl"))
+    assert len(again) == 8 and again[:6] == rows
+    assert len(ms.database.JSONDatabase(work_dir=str(work)).get_all_tuning_records()) == 8
+    assert "ms-cost" in capsys.readouterr().out
+
+
+def test_ms_cost_strategy_refuses_a_work_folder_of_the_model_strategy(tmp_path, capsys):
+    from pipeline import files
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text(KERNEL_TE)
+    files.append_jsonl(tmp_path / "tuned" / "tune.jsonl", {"script": "x", "source": "model", "latency_s": None})
+    assert main(["tune", str(kernel), "--strategy", "ms-cost", "--work-dir", str(tmp_path / "tuned")]) == 2
+    assert "another strategy (model)" in capsys.readouterr().err
