@@ -210,6 +210,14 @@ def _optimize(args) -> int:
     return 0
 
 
+def _strategy_args(p) -> None:
+    p.add_argument("--strategy", choices=["model", "ms-cost"], default="model",
+                   help="model: the language model writes and refines (default); ms-cost: MetaSchedule's evolutionary "
+                        "search ranked by the cost model pre-trained on the target's campaign (no language model)")
+    p.add_argument("--focus", type=int, default=None,
+                   help="ms-cost: times the cost model counts this kernel's measurements against the campaign's (16)")
+
+
 def _cost_model_args(p) -> None:
     p.add_argument("--oversample", type=int, default=1,
                    help="the model writes this many times the batch and a cost model picks what to measure (1: no cost model)")
@@ -220,14 +228,23 @@ def _cost_model_args(p) -> None:
                         "the design space)")
 
 
+def _strategy_conflict(args) -> str | None:
+    """The options the chosen --strategy does not take, as a one-line error (None: none given)."""
+    if args.strategy == "ms-cost" and (args.model is not None or args.oversample != 1 or not args.fill):
+        return "--model, --oversample and --no-fill are for --strategy model (ms-cost uses no language model)"
+    if args.strategy == "model" and args.focus is not None:
+        return "--focus is for --strategy ms-cost"
+    return None
+
+
 def _tune(args) -> int:
     from pipeline import models, optimize, tune
 
+    if (err := _strategy_conflict(args)) is not None:
+        print(f"little-dragon tune: {err}", file=sys.stderr)
+        return 2
     if args.strategy == "ms-cost":
         return _tune_ms_cost(args)
-    if args.focus is not None:
-        print("little-dragon tune: --focus is for --strategy ms-cost", file=sys.stderr)
-        return 2
     model_dir = _default_model(args, "tune")
     if model_dir is None:
         return 2
@@ -245,10 +262,6 @@ def _tune(args) -> int:
 def _tune_ms_cost(args) -> int:
     from pipeline import optimize, tune_search
 
-    if args.model is not None or args.oversample != 1 or not args.fill:
-        print("little-dragon tune: --model, --oversample and --no-fill are for --strategy model "
-              "(ms-cost uses no language model)", file=sys.stderr)
-        return 2
     try:
         r = tune_search.tune(args.kernel, _target_arg(args.target), args.trials, args.work_dir, batch=args.batch,
                              focus=16 if args.focus is None else args.focus, cost_data=args.cost_data,
@@ -263,13 +276,18 @@ def _tune_ms_cost(args) -> int:
 def _tune_model(args) -> int:
     from pipeline import models, optimize, tune_model
 
-    model_dir = _default_model(args, "tune-model")
-    if model_dir is None:
+    if (err := _strategy_conflict(args)) is not None:
+        print(f"little-dragon tune-model: {err}", file=sys.stderr)
+        return 2
+    model_dir = _default_model(args, "tune-model") if args.strategy == "model" else None
+    if model_dir is None and args.strategy == "model":
         return 2
     try:
         r = tune_model.tune_model(args.network, _target_arg(args.target), args.trials_per_task, model_dir,
                                   args.work_dir, batch=args.batch, timeout_s=args.timeout, progress=not args.quiet,
-                                  oversample=args.oversample, cost_data=args.cost_data, fill=args.fill)
+                                  oversample=args.oversample, cost_data=args.cost_data, fill=args.fill,
+                                  strategy=args.strategy, focus=16 if args.focus is None else args.focus,
+                                  params_path=args.params)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon tune-model: {err}", file=sys.stderr)
         return 2
@@ -363,11 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
     p.add_argument("--trials", type=int, default=16, help="distinct candidates to measure (N)")
     p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round (ms-cost: candidates a round)")
-    p.add_argument("--strategy", choices=["model", "ms-cost"], default="model",
-                   help="model: the language model writes and refines (default); ms-cost: MetaSchedule's evolutionary "
-                        "search ranked by the cost model pre-trained on the target's campaign (no language model)")
-    p.add_argument("--focus", type=int, default=None,
-                   help="ms-cost: times the cost model counts this kernel's measurements against the campaign's (16)")
+    _strategy_args(p)
     _cost_model_args(p)
     p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
     p.add_argument("--work-dir", default="tuned", help="MetaSchedule database and tune.jsonl (resumable)")
@@ -379,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("network", help="a Python file that builds a Relax IRModule (relax.frontend.nn, the PyTorch exporter)")
     p.add_argument("--target", default='{"kind": "llvm", "num-cores": 2}', help="TVM target: JSON or a tag")
     p.add_argument("--trials-per-task", type=int, default=16, help="distinct candidates to measure per task (N)")
-    p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round")
+    p.add_argument("--batch", type=int, default=8, help="scripts the model writes per round (ms-cost: candidates a round)")
+    _strategy_args(p)
     _cost_model_args(p)
     p.add_argument("--model", default=None, help="model folder (default: models/champion from `little-dragon pull`)")
     p.add_argument("--work-dir", default="tuned-model", help="one MetaSchedule database per task + result.json (resumable)")

@@ -153,18 +153,24 @@ def end_to_end(mod, target, database, reference=None, seed: int = 0) -> dict:
     return row
 
 
-def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, work_dir: str, batch: int = 8,
+def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | None, work_dir: str, batch: int = 8,
                timeout_s: float = 60.0, progress: bool = True, oversample: int = 1,
-               cost_data: str | None = None, fill: bool = True) -> dict:
+               cost_data: str | None = None, fill: bool = True, strategy: str = "model", focus: int = 16,
+               params_path: str = "params.yaml") -> dict:
     """`oversample` > 1: one cost model for all tasks (as MetaSchedule shares one across a
-    network's tasks) picks what each task measures among `oversample` times its batch."""
-    from pipeline import models
+    network's tasks) picks what each task measures among `oversample` times its batch.
+    `strategy` "ms-cost": no language model; each task tuned by MetaSchedule's search ranked by
+    the cost model pre-trained on the target's campaign (pipeline.tune_search), one model shared
+    by the tasks; the network's end-to-end check stands for the per-kernel checks."""
+    from pipeline import tune_search
     from pipeline.describe import DescribeError
     from pipeline.tune import Tuner, check_cost_args, make_cost_model
     from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
 
-    if trials_per_task < 1:
+    if strategy == "ms-cost":
+        tune_search.check_args(trials_per_task, batch, focus, cost_data, "--trials-per-task")
+    elif trials_per_task < 1:
         raise KernelError(f"--trials-per-task must be >= 1, got {trials_per_task}")
     check_cost_args(oversample, cost_data)
     target = make_target(target_spec)          # a bad target fails here, before anything loads
@@ -172,21 +178,37 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, wor
     tasks = extract_tasks(mod, target)
     if not tasks:
         raise KernelError(f"{path}: the network has no tuning task (no operator to schedule)")
-    model, tok = models.load(model_dir)
-    cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
     work = Path(work_dir)
+    if strategy == "ms-cost":
+        from pipeline import cost_model
+
+        model = tok = None
+        cost, source = cost_model.for_target(target_spec, cost_data, progress=progress)
+        sp = tune_search.search_params(params_path, batch)
+    else:
+        from pipeline import models
+
+        model, tok = models.load(model_dir)
+        cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
     checker = Checker(timeout_s=timeout_s)
     rows, dirs, start = [], [], time.perf_counter()
     for i, task in enumerate(tasks):
         folder = work / "tasks" / f"{i:02d}-{task.task_name}"
+        if progress:
+            print(f"tune-model: task {i + 1}/{len(tasks)} {task.task_name} (x{int(task.weight)})", flush=True)
+        if strategy == "ms-cost":
+            r = tune_search.tune_kernel(task.dispatched[0], target_spec, trials_per_task, folder, cost, source, sp,
+                                        focus, verify_top=0, progress=progress)
+            dirs.append(folder)
+            rows.append({"task": task.task_name, "weight": int(task.weight),
+                         **{k: v for k, v in r.to_json().items() if k not in ("curve", "best_script")}})
+            continue
         try:
             tuner = Tuner(task.dispatched[0], target_spec, model, tok, folder, batch=batch, checker=checker,
                           cost_model=cost, oversample=oversample, fill=fill)
         except DescribeError as err:
             rows.append({"task": task.task_name, "weight": int(task.weight), "skipped": str(err)})
             continue
-        if progress:
-            print(f"tune-model: task {i + 1}/{len(tasks)} {task.task_name} (x{int(task.weight)})", flush=True)
         r = tuner.run(trials_per_task, progress=progress)
         dirs.append(folder)
         rows.append({"task": task.task_name, "weight": int(task.weight), **{k: v for k, v in r.to_json().items()
@@ -198,14 +220,15 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str, wor
     result = {"network": str(path), "target": target_spec, "trials_per_task": trials_per_task, "tasks": rows,
               "measured": sum(r.get("measured", 0) for r in rows), "tune_seconds": round(tune_s, 1),
               "untuned_latency_s": untuned["latency_s"], "tuned_latency_s": tuned["latency_s"],
-              "matches_untuned": tuned["matches_untuned"], "cost_data": source,
+              "matches_untuned": tuned["matches_untuned"], "cost_data": source, "strategy": strategy,
               "speedup_vs_untuned": untuned["latency_s"] / tuned["latency_s"]}
     files.write_json(work / "result.json", result)
     return result
 
 
 def main_summary(r: dict, work_dir: str) -> str:
-    return (f"tune-model: {len(r['tasks'])} tasks, {r['measured']} candidates in {r['tune_seconds']:.0f} s; "
+    how = " (ms-cost)" if r.get("strategy") == "ms-cost" else ""
+    return (f"tune-model{how}: {len(r['tasks'])} tasks, {r['measured']} candidates in {r['tune_seconds']:.0f} s; "
             f"end to end {r['tuned_latency_s'] * 1e6:.1f} us against {r['untuned_latency_s'] * 1e6:.1f} us untuned "
             f"({r['speedup_vs_untuned']:.2f}x), outputs {'match' if r['matches_untuned'] else 'DIFFER'}; "
             f"databases in {work_dir}/tasks, {work_dir}/result.json")

@@ -15,7 +15,9 @@ by the project's checker (pipeline.verify: built, run, compared with the unsched
 timed, as `optimize` and the model's `tune` do), and `best.script` is the fastest one that
 passed: these checks time candidates already measured, they add none. `tune.jsonl` lists
 the candidates in measurement order. Resumable: a second run in the same work folder measures
-only what is left of `--trials`, its cost model taking in what was measured before.
+only what is left of `--trials`, its cost model taking in what was measured before, and its
+search skipping those candidates (`SkipMeasured`: MetaSchedule would measure them again).
+`tune-model --strategy ms-cost` runs `tune_kernel` on each task of a network.
 """
 
 from __future__ import annotations
@@ -27,41 +29,82 @@ from pathlib import Path
 from pipeline import files
 from pipeline.optimize import KernelError
 from pipeline.tune import TuneResult
+from pipeline.tvm_env import ms, structural_hash, tvm
 
 SOURCE = "metaschedule + pre-trained cost model"
 
 
 def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int = 8, focus: int = 16,
          cost_data: str | None = None, verify_top: int = 4, timeout_s: float = 60.0, progress: bool = True,
-         params_path: str = "params.yaml", population: int = 512, generations: int = 4) -> TuneResult:
+         params_path: str = "params.yaml") -> TuneResult:
     """Tune the kernel in `kernel_path` to `trials` measured candidates in `work_dir`."""
-    from pipeline import cost_model, params as P, records, tuning
+    from pipeline import cost_model
     from pipeline.optimize import load_kernel
-    from pipeline.stages.search import SearchParams
-    from pipeline.tune import check_cost_args
-    from pipeline.tvm_env import make_target, ms
+    from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
 
-    if trials < 1:
-        raise KernelError(f"--trials must be >= 1, got {trials}")
-    if batch < 1 or focus < 1 or verify_top < 1:
-        raise KernelError(f"--batch, --focus and the checks of the best must be >= 1 (got {batch}, {focus}, {verify_top})")
-    check_cost_args(1, cost_data)
-    target = make_target(target_spec)
+    check_args(trials, batch, focus, cost_data)
+    make_target(target_spec)          # a bad target fails here, before the cost model loads
+    check_work(work_dir)
     mod = load_kernel(kernel_path)
+    sp = search_params(params_path, batch)
+    cost, source = cost_model.for_target(target_spec, cost_data, progress=progress)
+    checker = Checker(timeout_s=timeout_s, workers=2)
+    try:
+        return tune_kernel(mod, target_spec, trials, work_dir, cost, source, sp, focus, verify_top, checker, progress)
+    finally:
+        checker.close()
+
+
+def check_args(trials: int, batch: int, focus: int, cost_data: str | None, what: str = "--trials") -> None:
+    """Bad numbers, a cost-data folder that is not a search folder: one-line errors before anything loads."""
+    from pipeline.tune import check_cost_args
+
+    if trials < 1:
+        raise KernelError(f"{what} must be >= 1, got {trials}")
+    if batch < 1 or focus < 1:
+        raise KernelError(f"--batch and --focus must be >= 1 (got {batch}, {focus})")
+    check_cost_args(1, cost_data)
+
+
+def check_work(work_dir) -> Path:
+    """The work folder, unless it holds a tune by the model's strategy (whose tune.jsonl this
+    one would rewrite)."""
     work = Path(work_dir)
     log = work / "tune.jsonl"
     other = {r.get("source") for r in files.read_jsonl(log)} - {SOURCE} if log.exists() else set()
     if other:
         raise KernelError(f"{work}: holds a tune by another strategy ({', '.join(sorted(map(str, other)))}); "
                           f"use another --work-dir")
+    return work
+
+
+def search_params(params_path: str, batch: int, population: int = 512, generations: int = 4):
+    """The search stage's settings (builders, timeouts) with the benchmark's search: `batch`
+    candidates a round, population 512 x 4 generations (MetaSchedule's defaults)."""
+    from pipeline import params as P
+    from pipeline.stages.search import SearchParams
+
+    return dataclasses.replace(P.load("search", SearchParams, params_path), population_size=population,
+                               genetic_num_iters=generations, trials_per_iter=batch)
+
+
+def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, focus: int = 16,
+                verify_top: int = 4, checker=None, progress: bool = True) -> TuneResult:
+    """One kernel to `trials` candidates in `work_dir`. `cost`: a pipeline.cost_model.CostModel
+    (pre-trained; it takes in this kernel's measurements, so a network's tasks can share one);
+    `sp`: `search_params`. `verify_top` 0: no checks, the best is MetaSchedule's fastest as it
+    timed it (a network's tasks, whose compiled network is checked end to end instead)."""
+    from pipeline import records, tuning
+    from pipeline.tvm_env import make_target
+
+    target = make_target(target_spec)
+    work = check_work(work_dir)
+    log = work / "tune.jsonl"
     work.mkdir(parents=True, exist_ok=True)
     records.repair(work)     # an interrupted run may have left half a record
-    sp = dataclasses.replace(P.load("search", SearchParams, params_path), population_size=population,
-                             genetic_num_iters=generations, trials_per_iter=batch)
     start = time.perf_counter()
     before = _candidates(mod, work)
-    cost, source = cost_model.for_target(target_spec, cost_data, progress=progress)
     if before:      # a resumed run: what it measured already, as the measurements it counted then
         cost.add(mod, [s for s, _ in before if s], [lat for s, lat in before if s])
     left = trials - len(before)
@@ -69,35 +112,108 @@ def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int =
         if progress:
             print(f"tune: {left} candidates to measure ({len(before)} already in {work}); "
                   f"cost model pre-trained on {source}", flush=True)
-        strategy = ms.search_strategy.EvolutionarySearch(population_size=population, genetic_num_iters=generations)
-        tuning.tune(sp, target, [("main", mod)], work, left, min(batch, left), logger="tune",
-                    search_strategy=strategy, cost_model=cost.as_metaschedule(focus))
+        strategy = SkipMeasured(sp.population_size, sp.genetic_num_iters,
+                                _measured_mods(mod, target, [s for s, _ in before if s]))
+        xgb = cost.as_metaschedule(focus)
+        tuning.tune(sp, target, [("main", mod)], work, left, min(sp.trials_per_iter, left), logger="tune",
+                    search_strategy=strategy, cost_model=xgb)
+        _take_back(cost, mod, work, len(before))
     found = _candidates(mod, work)
     result = TuneResult(cost_data=source)
     best = None
     for _, lat in found:
         best = lat if lat is not None and (best is None or lat < best) else best
         result.curve.append(best)
+    batch = sp.trials_per_iter
     files.write_jsonl(log, ({"script": script, "round": i // batch + 1, "source": SOURCE, "latency_s": lat,
                              "timed_by": "metaschedule"} for i, (script, lat) in enumerate(found)))  # the database is the record
     result.measured, result.rounds = len(found), (len(found) + batch - 1) // batch
     result.correct = sum(lat is not None for _, lat in found)    # MetaSchedule ran them; the checker checks the best
-    checked = _check_best(mod, target_spec, found, verify_top, Checker(timeout_s=timeout_s, workers=2))
+    checked = _check_best(mod, target_spec, found, verify_top, checker) if verify_top > 0 else []
     ok = [c for c in checked if c["correct"]]
     if ok:
         top = min(ok, key=lambda c: c["latency_s"])
         result.best_latency_s, result.baseline_s, result.best_script = top["latency_s"], top["baseline_s"], top["script"]
-        files.write_text_atomic(work / "best.script", top["script"] + "\n")
+    elif verify_top == 0 and best is not None:
+        result.best_latency_s = best
+        result.best_script = next(s for s, lat in found if lat == best)
     elif not checked:
         result.stopped = "no candidate ran"
     else:
         result.stopped = f"none of the {len(checked)} fastest passed the checker"
+    if result.best_script:
+        files.write_text_atomic(work / "best.script", result.best_script + "\n")
     result.seconds = time.perf_counter() - start
     files.write_json(work / "result.json", {**result.to_json(), "strategy": "ms-cost", "focus": focus,
-                                            "batch": batch, "search": [population, generations],
+                                            "batch": batch, "search": [sp.population_size, sp.genetic_num_iters],
                                             "checked": [{k: v for k, v in c.items() if k != "script"} | {"rank": i}
                                                         for i, c in enumerate(checked)]})
     return result
+
+
+def _measured_mods(mod, target, scripts: list[str]) -> set:
+    """Structural hashes of the scheduled kernels of `scripts` (those measured before)."""
+    from pipeline import codec
+    from pipeline.tvm_env import TVM_ERRORS, Schedule
+
+    out = set()
+    for script in scripts:
+        try:
+            sch = Schedule(mod, debug_mask=0)
+            codec.decode(mod, script, target).apply_to_schedule(sch, remove_postproc=False)
+        except (codec.DecodeError, *TVM_ERRORS):
+            continue
+        out.add(structural_hash(sch.mod))
+    return out
+
+
+@tvm.ir.utils.derived_object
+class SkipMeasured(ms.search_strategy.PySearchStrategy):
+    """MetaSchedule's evolutionary search, minus the candidates measured before this run: it does
+    not read those from the database (TVM: "TODO: add records from the database to avoid
+    re-measuring"), so a resumed tune measured them again. `measured`: structural hashes of
+    their scheduled kernels (`_measured_mods`)."""
+
+    def __init__(self, population_size: int, genetic_num_iters: int, measured: set, tries: int = 3) -> None:
+        super().__init__()
+        self.args = (population_size, genetic_num_iters, set(measured), tries)
+        self.measured, self.tries = set(measured), tries
+        self.inner = ms.search_strategy.EvolutionarySearch(population_size=population_size,
+                                                           genetic_num_iters=genetic_num_iters)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.inner._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def generate_measure_candidates(self):
+        for _ in range(self.tries):      # a round of re-measures only: the search is told none ran, and tries again
+            cands = self.inner.generate_measure_candidates()
+            if cands is None:
+                return None
+            fresh = [c for c in cands if structural_hash(c.sch.mod) not in self.measured]
+            if fresh:
+                self.measured.update(structural_hash(c.sch.mod) for c in fresh)
+                return fresh
+            self.inner.notify_runner_results([], [])
+        return None
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        self.inner.notify_runner_results(measure_candidates, results)
+
+    def clone(self):
+        return SkipMeasured(*self.args)
+
+
+def _take_back(cost, mod, work: Path, skip: int) -> None:
+    """The run's new measurements into the project's cost model too (MetaSchedule's copy learnt
+    them already), so the next task of a network starts from them."""
+    new = _candidates(mod, work)[skip:]
+    cost.add(mod, [s for s, _ in new if s], [lat for s, lat in new if s], train=False)
 
 
 def _candidates(mod, work: Path) -> list[tuple[str | None, float | None]]:

@@ -55,11 +55,58 @@ def test_tune_model_tunes_every_task_and_the_network_end_to_end(tmp_path, capsys
     assert "outputs match" in capsys.readouterr().out
 
 
+@pytest.mark.slow   # ~2 min on 2 cores (MetaSchedule's search per task, population 512 x 4)
+def test_tune_model_ms_cost_tunes_every_task_with_one_pretrained_cost_model(tmp_path, capsys, cpu_target):
+    from test_cost_model import _database
+
+    from pipeline import files
+    from pipeline import tune_model as tm
+    from pipeline.tune_search import SOURCE
+    from pipeline.tvm_env import ms
+    from pipeline.workloads import Spec
+
+    _database(tmp_path / "search", cpu_target, [Spec("matmul", (8, 32, 48), "float32")], 10)
+    net = tmp_path / "net.py"
+    net.write_text(NETWORK)
+    work = tmp_path / "tuned"
+    args = ["tune-model", str(net), "--strategy", "ms-cost", "--cost-data", str(tmp_path / "search"),
+            "--trials-per-task", "3", "--work-dir", str(work), "--quiet"]
+    assert main(args) == 0
+    result = json.loads((work / "result.json").read_text())
+    tasks = tm.extract_tasks(tm.load_network(net), cpu_target)
+    assert result["strategy"] == "ms-cost" and len(result["tasks"]) == len(tasks) >= 2
+    # MetaSchedule stops a task early when its design space has no unmeasured candidate left
+    # (an elementwise task has a handful), so up to 3 a task
+    assert result["matches_untuned"] is True and len(tasks) < result["measured"] <= 3 * len(tasks)
+
+    def per_task():
+        out = []
+        for task in tasks:
+            (folder,) = (work / "tasks").glob(f"*-{task.task_name}")
+            rows = list(files.read_jsonl(folder / "tune.jsonl"))
+            assert rows and {r["source"] for r in rows} == {SOURCE} and len({r["script"] for r in rows}) == len(rows)
+            db = ms.database.JSONDatabase(work_dir=str(folder))
+            assert len(db.get_all_tuning_records()) == len(rows) <= 3
+            assert db.query_schedule(task.dispatched[0], cpu_target, "main") is not None
+            out.append(rows)
+        return out
+
+    first = per_task()
+    assert sum(map(len, first)) == result["measured"]
+    assert main(args) == 0       # resume: what was measured stays, nothing measured twice
+    again = per_task()
+    assert all(b[: len(a)] == a for a, b in zip(first, again))
+    assert json.loads((work / "result.json").read_text())["measured"] == sum(map(len, again))
+    assert "tune-model (ms-cost)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("text,extra,message", [
     ("x = 1\n", [], "defines no Relax IRModule"),
     ("raise SystemError('boom')\n", [], "running it raised"),
     (NETWORK, ["--trials-per-task", "0"], "--trials-per-task must be >= 1"),
     (NETWORK, ["--target", "no-such-target"], "no-such-target"),
+    (NETWORK, ["--strategy", "ms-cost"], "for --strategy model"),       # with --model
+    (NETWORK, ["--focus", "8"], "--focus is for --strategy ms-cost"),
 ])
 def test_tune_model_rejects_bad_input_with_one_line(tmp_path, capsys, text, extra, message):
     net = tmp_path / "net.py"
