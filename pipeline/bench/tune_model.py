@@ -2,7 +2,7 @@
 (`ms.relax_integration.tune_relax`) at equal trials per task, end to end, in one run.
 
     python -m pipeline.bench.tune_model --model models/rl [--trials-per-task 16] \
-        [--networks examples/networks/*.py] [--variants model ms_cost model_first_cost transfer_first_cost] \
+        [--networks examples/networks/*.py] [--variants model ms_cost ms_cost_tasks model_first_cost transfer_first_cost] \
         [--final-retime 10] [--out reports/bench_tune_model_cpu.json]
 
 Per network: the model tunes every task (pipeline.tune_model); MetaSchedule tunes the same
@@ -21,6 +21,8 @@ pre-trained on the target's campaign, `CostModel.as_metaschedule`) and `model_fi
 `strategy=ModelFirst(model)`: each task's first half of its trials written by the model), and
 `transfer_first_cost` (`strategy=ModelFirst(proposer=transfer.Library...)`: each task's first
 half carried over from the campaign's best scripts of other workloads, pipeline.transfer).
+`ms_cost_tasks`: `tune-model --strategy ms-cost` (pipeline.tune_search: each task in turn, rounds of
+8, the cost model counting the task's own measurements 16 times), what a user of the CLI gets.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 from pipeline import files
 
 
-VARIANTS = ("model", "ms_cost", "model_first_cost", "transfer_first_cost")
+VARIANTS = ("model", "ms_cost", "ms_cost_tasks", "model_first_cost", "transfer_first_cost")
 
 
 def _tune_relax(mod, target, trials: int, n_tasks: int, work: Path, **kw):
@@ -103,6 +105,16 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
                         "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
         databases["model"] = tm.union(sorted(d for d in (work / "model" / "tasks").glob("*")
                                              if (d / "database_tuning_record.json").exists()))
+    if "ms_cost_tasks" in variants:
+        # what a user runs: `tune-model --strategy ms-cost` (each task by pipeline.tune_search, focus 16,
+        # rounds of 8, one pre-trained cost model shared by the tasks, loaded from its cache)
+        start = time.perf_counter()
+        ours = tm.tune_model(path, target_spec, trials, None, str(work / "ms_cost_tasks"), progress=False,
+                             strategy="ms-cost")
+        row["ms_cost_tasks"] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
+                                "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
+        databases["ms_cost_tasks"] = tm.union(sorted(d for d in (work / "ms_cost_tasks" / "tasks").glob("*")
+                                                     if (d / "database_tuning_record.json").exists()))
     for key in ("ms_cost", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
@@ -155,6 +167,7 @@ def _plot(rows: list[dict], path: Path) -> None:
 
 
 LABELS = {"model": "model (tune-model)", "ms_cost": "MetaSchedule + pre-trained cost model",
+          "ms_cost_tasks": "tune-model --strategy ms-cost (per task, focus 16)",
           "model_first_cost": "ModelFirst + pre-trained cost model",
           "transfer_first_cost": "campaign scripts carried over first + pre-trained cost model"}
 
