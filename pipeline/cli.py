@@ -279,8 +279,8 @@ def _tune_model(args) -> int:
     if (err := _strategy_conflict(args)) is not None:
         print(f"little-dragon tune-model: {err}", file=sys.stderr)
         return 2
-    model_dir = _default_model(args, "tune-model") if args.strategy == "model" else None
-    if model_dir is None and args.strategy == "model":
+    model_dir = None
+    if args.strategy == "model" and (model_dir := _default_model(args, "tune-model")) is None:
         return 2
     try:
         r = tune_model.tune_model(args.network, _target_arg(args.target), args.trials_per_task, model_dir,

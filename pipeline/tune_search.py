@@ -117,8 +117,10 @@ def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, 
         xgb = cost.as_metaschedule(focus)
         tuning.tune(sp, target, [("main", mod)], work, left, min(sp.trials_per_iter, left), logger="tune",
                     search_strategy=strategy, cost_model=xgb)
-        _take_back(cost, mod, work, len(before))
     found = _candidates(mod, work)
+    if left > 0:    # the run's measurements into the project's model too, for a network's next task
+        new = found[len(before):]
+        cost.add(mod, [s for s, _ in new if s], [lat for s, lat in new if s], train=False)
     result = TuneResult(cost_data=source)
     best = None
     for _, lat in found:
@@ -195,9 +197,10 @@ class SkipMeasured(ms.search_strategy.PySearchStrategy):
             cands = self.inner.generate_measure_candidates()
             if cands is None:
                 return None
-            fresh = [c for c in cands if structural_hash(c.sch.mod) not in self.measured]
+            hashes = [structural_hash(c.sch.mod) for c in cands]
+            fresh = [c for c, h in zip(cands, hashes) if h not in self.measured]
             if fresh:
-                self.measured.update(structural_hash(c.sch.mod) for c in fresh)
+                self.measured.update(hashes)
                 return fresh
             self.inner.notify_runner_results([], [])
         return None
@@ -207,13 +210,6 @@ class SkipMeasured(ms.search_strategy.PySearchStrategy):
 
     def clone(self):
         return SkipMeasured(*self.args)
-
-
-def _take_back(cost, mod, work: Path, skip: int) -> None:
-    """The run's new measurements into the project's cost model too (MetaSchedule's copy learnt
-    them already), so the next task of a network starts from them."""
-    new = _candidates(mod, work)[skip:]
-    cost.add(mod, [s for s, _ in new if s], [lat for s, lat in new if s], train=False)
 
 
 def _candidates(mod, work: Path) -> list[tuple[str | None, float | None]]:

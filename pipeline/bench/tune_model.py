@@ -98,23 +98,19 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
            "metaschedule": {"latency_s": theirs["latency_s"], "measured": len(db.get_all_tuning_records()),
                             "wall_s": round(ms_s, 1), "matches_untuned": theirs["matches_untuned"]}}
     databases = {"untuned": tm.union([]), "metaschedule": db}
-    if "model" in variants:
+    # `tune-model` itself: the language model (`model`), or what a user of `--strategy ms-cost` gets
+    # (`ms_cost_tasks`: each task by pipeline.tune_search, focus 16, rounds of 8, one pre-trained cost
+    # model shared by the tasks, loaded from its cache)
+    for key, strategy in (("model", "model"), ("ms_cost_tasks", "ms-cost")):
+        if key not in variants:
+            continue
         start = time.perf_counter()
-        ours = tm.tune_model(path, target_spec, trials, model_dir, str(work / "model"), progress=False)
-        row["model"] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
-                        "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
-        databases["model"] = tm.union(sorted(d for d in (work / "model" / "tasks").glob("*")
-                                             if (d / "database_tuning_record.json").exists()))
-    if "ms_cost_tasks" in variants:
-        # what a user runs: `tune-model --strategy ms-cost` (each task by pipeline.tune_search, focus 16,
-        # rounds of 8, one pre-trained cost model shared by the tasks, loaded from its cache)
-        start = time.perf_counter()
-        ours = tm.tune_model(path, target_spec, trials, None, str(work / "ms_cost_tasks"), progress=False,
-                             strategy="ms-cost")
-        row["ms_cost_tasks"] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
-                                "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
-        databases["ms_cost_tasks"] = tm.union(sorted(d for d in (work / "ms_cost_tasks" / "tasks").glob("*")
-                                                     if (d / "database_tuning_record.json").exists()))
+        ours = tm.tune_model(path, target_spec, trials, model_dir if strategy == "model" else None, str(work / key),
+                             progress=False, strategy=strategy)
+        row[key] = {"latency_s": ours["tuned_latency_s"], "measured": ours["measured"],
+                    "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
+        databases[key] = tm.union(sorted(d for d in (work / key / "tasks").glob("*")
+                                         if (d / "database_tuning_record.json").exists()))
     for key in ("ms_cost", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
