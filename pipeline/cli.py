@@ -215,7 +215,7 @@ def _strategy_args(p) -> None:
                    help="model: the language model writes and refines (default); ms-cost: MetaSchedule's evolutionary "
                         "search ranked by the cost model pre-trained on the target's campaign (no language model)")
     p.add_argument("--focus", type=int, default=None,
-                   help="ms-cost: times the cost model counts this kernel's measurements against the campaign's (16)")
+                   help="ms-cost: times the cost model counts this kernel's measurements against the campaign's (default 16)")
 
 
 def _cost_model_args(p) -> None:
@@ -235,6 +235,12 @@ def _strategy_conflict(args) -> str | None:
     if args.strategy == "model" and args.focus is not None:
         return "--focus is for --strategy ms-cost"
     return None
+
+
+def _focus(args) -> int:
+    from pipeline.tune_search import FOCUS
+
+    return FOCUS if args.focus is None else args.focus
 
 
 def _tune(args) -> int:
@@ -264,7 +270,7 @@ def _tune_ms_cost(args) -> int:
 
     try:
         r = tune_search.tune(args.kernel, _target_arg(args.target), args.trials, args.work_dir, batch=args.batch,
-                             focus=16 if args.focus is None else args.focus, cost_data=args.cost_data,
+                             focus=_focus(args), cost_data=args.cost_data,
                              timeout_s=args.timeout, progress=not args.quiet, params_path=args.params)
     except optimize.KernelError as err:
         print(f"little-dragon tune: {err}", file=sys.stderr)
@@ -286,7 +292,7 @@ def _tune_model(args) -> int:
         r = tune_model.tune_model(args.network, _target_arg(args.target), args.trials_per_task, model_dir,
                                   args.work_dir, batch=args.batch, timeout_s=args.timeout, progress=not args.quiet,
                                   oversample=args.oversample, cost_data=args.cost_data, fill=args.fill,
-                                  strategy=args.strategy, focus=16 if args.focus is None else args.focus,
+                                  strategy=args.strategy, focus=_focus(args),
                                   params_path=args.params)
     except (optimize.KernelError, models.ModelError) as err:
         print(f"little-dragon tune-model: {err}", file=sys.stderr)

@@ -190,7 +190,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | No
 
         model, tok = models.load(model_dir)
         cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
-    checker = Checker(timeout_s=timeout_s)
+    checker = Checker(timeout_s=timeout_s) if strategy != "ms-cost" else None
     rows, dirs, start = [], [], time.perf_counter()
     for i, task in enumerate(tasks):
         folder = work / "tasks" / f"{i:02d}-{task.task_name}"
@@ -213,7 +213,8 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | No
         dirs.append(folder)
         rows.append({"task": task.task_name, "weight": int(task.weight), **{k: v for k, v in r.to_json().items()
                                                                              if k not in ("curve", "best_script")}})
-    checker.close()
+    if checker is not None:
+        checker.close()
     tune_s = time.perf_counter() - start
     untuned = end_to_end(mod, target, union([]))
     tuned = end_to_end(mod, target, union(dirs), reference=untuned["outputs"])

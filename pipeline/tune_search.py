@@ -32,9 +32,10 @@ from pipeline.tune import TuneResult
 from pipeline.tvm_env import ms, structural_hash, tvm
 
 SOURCE = "metaschedule + pre-trained cost model"
+FOCUS = 16  # times the cost model counts this kernel's measurements against the campaign's
 
 
-def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int = 8, focus: int = 16,
+def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int = 8, focus: int = FOCUS,
          cost_data: str | None = None, verify_top: int = 4, timeout_s: float = 60.0, progress: bool = True,
          params_path: str = "params.yaml") -> TuneResult:
     """Tune the kernel in `kernel_path` to `trials` measured candidates in `work_dir`."""
@@ -89,7 +90,7 @@ def search_params(params_path: str, batch: int, population: int = 512, generatio
                                genetic_num_iters=generations, trials_per_iter=batch)
 
 
-def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, focus: int = 16,
+def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, focus: int = FOCUS,
                 verify_top: int = 4, checker=None, progress: bool = True) -> TuneResult:
     """One kernel to `trials` candidates in `work_dir`. `cost`: a pipeline.cost_model.CostModel
     (pre-trained; it takes in this kernel's measurements, so a network's tasks can share one);
