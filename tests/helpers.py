@@ -73,3 +73,13 @@ def kill_a_busy_worker(client, ready, timeout_s: float = 240) -> str:
     victim = busy[0] if busy else next(iter(pids))
     os.kill(pids[victim], signal.SIGKILL)
     return victim
+
+
+def tiny_search_params():
+    """The search stage's params for a 4-candidate MetaSchedule run on the CPU (one round, a
+    population of 16, one build worker): what tests that tune through pipeline.metaschedule use."""
+    from pipeline.stages.search import SearchParams
+
+    return from_dict(SearchParams, dict(target={"kind": "llvm", "num-cores": 2}, families=["matmul"], num_workloads=1,
+                                        trials_per_workload=4, trials_per_iter=4, population_size=16,
+                                        genetic_num_iters=1, builder_workers=1, run_timeout_s=10, min_repeat_ms=5))

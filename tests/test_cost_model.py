@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import SPEC, tiny_model
+from helpers import SPEC, tiny_model, tiny_search_params
 from pipeline import codec
 from pipeline.cost_model import CostModel, pretrained
 from pipeline.space import context, sample_many
@@ -151,12 +151,8 @@ def test_as_metaschedule_is_a_pretrained_xgbmodel_that_metaschedule_tuning_takes
     # measurements to the pre-training. (tune_tir itself: test_model_strategy; conftest keeps
     # pytest's unnamed capture handlers off TVM's logger, on which a second tune_tir failed.)
     from pipeline import metaschedule
-    from pipeline.params import from_dict
-    from pipeline.stages.search import SearchParams
 
-    sp = from_dict(SearchParams, dict(target={"kind": "llvm", "num-cores": 2}, families=["matmul"], num_workloads=1,
-                                      trials_per_workload=4, trials_per_iter=4, population_size=16,
-                                      genetic_num_iters=1, builder_workers=1, run_timeout_s=10, min_repeat_ms=5))
+    sp = tiny_search_params()
     evolve = ms.search_strategy.EvolutionarySearch(population_size=16, genetic_num_iters=1)
     tuned = metaschedule.tune(build(Spec("matmul", (16, 16, 24), "float32")), cpu_target, 4, tmp_path / "ms", sp,
                               "pretrained", strategy=evolve, cost_model=xgb)

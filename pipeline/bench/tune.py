@@ -14,7 +14,8 @@ the rest evolved by MetaSchedule from them, ranked by its own cost model (which 
 `model_first`) or by the pre-trained one (`model_first_cost`, through
 `CostModel.as_metaschedule`); MetaSchedule's search alone with the pre-trained cost model
 (`ms_cost`, the ablation: what the cost model brings without the language model; `--inside-per-iter`
-in rounds that retrain it on the kernel's measurements, `--focus N` counting those N times); with
+in rounds that retrain it on the kernel's measurements, `--focus N` counting those N times); the
+same search ranked by the ranking model pre-trained on the same data (`ms_rank`, pipeline.rank_model); with
 `--oversample K` (default 4), the model with a
 cost model (pipeline.cost_model, pre-trained on the target's search campaign unless `--cost-data`
 says otherwise) choosing what to measure among K times each batch. Every candidate of each is
@@ -52,7 +53,8 @@ def _best_curve(latencies: list[float | None]) -> list[float | None]:
     return out
 
 
-VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost", "ms_cost_eps", "transfer_first_cost")
+VARIANTS = ("model", "model_cost", "model_first", "model_first_cost", "ms_cost", "ms_cost_eps", "ms_rank",
+            "transfer_first_cost")
 
 
 def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp, checker,
@@ -107,6 +109,11 @@ def run_task(item: str, model, tok, target_spec, trials: int, ms_trials: int, sp
             # a kernel the campaign's model misranks still gets MetaSchedule's own exploration
             row["ms_cost_eps"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_cost_eps",
                                          f"bench_{item}_ms_cost_eps", None, cost, focus, eps_greedy=eps_greedy)
+        if "ms_rank" in variants:
+            # the same search ranked by the ranking model pre-trained on the same campaign data
+            # (pipeline.rank_model: per-workload pairwise ranking rather than the pack-sum regression)
+            row["ms_rank"] = _inside(mod, target, target_spec, trials, sp, checker, tmp / "ms_rank",
+                                     f"bench_{item}_ms_rank", None, cost, focus, ranker=True)
         if "transfer_first_cost" in variants:
             # no language model either: the campaign's best scripts of other workloads carried onto
             # this kernel (ranked by the pre-trained cost model) as the first batch, then ms_cost
@@ -145,18 +152,24 @@ def _tune(mod, target_spec, model, tok, work, checker, trials: int, cost=None, o
 
 
 def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str, model, cost, focus: int = 1,
-            library=None, rank: str = "cost", eps_greedy: float | None = None) -> dict:
+            library=None, rank: str = "cost", eps_greedy: float | None = None, ranker: bool = False) -> dict:
     """MetaSchedule's own tuning at `trials`: with `model` (a loaded pair), ModelFirst (the
     model's batch, then the evolutionary search); with `library`, ModelFirst whose batch the
     library carries over from other workloads; else the evolutionary search alone. With
     `cost`, the search ranks by the pre-trained cost model (`CostModel.as_metaschedule`);
-    `eps_greedy`: the evolutionary search's share of random picks (None: MetaSchedule's 0.05)."""
+    `eps_greedy`: the evolutionary search's share of random picks (None: MetaSchedule's 0.05);
+    `ranker`: the search ranks by pipeline.rank_model on the cost model's data instead."""
     from pipeline import metaschedule
     from pipeline.model_strategy import ModelFirst
     from pipeline.tvm_env import ms
 
     start = time.perf_counter()
-    xgb = cost().as_metaschedule(focus) if cost else None
+    if ranker:
+        from pipeline.rank_model import RankModel
+
+        xgb = RankModel(cost().groups).as_metaschedule(focus)
+    else:
+        xgb = cost().as_metaschedule(focus) if cost else None
     load_s = time.perf_counter() - start
     if model is not None or library is not None:
         strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,
@@ -222,6 +235,7 @@ LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "m
           "model_first_cost": "model first, then MetaSchedule with the pre-trained cost model",
           "ms_cost": "MetaSchedule with the pre-trained cost model",
           "ms_cost_eps": "MetaSchedule with the pre-trained cost model, a share of each round at random",
+          "ms_rank": "MetaSchedule with the pre-trained ranking model",
           "transfer_first_cost": "campaign scripts carried over first, then MetaSchedule with the pre-trained cost model"}
 
 

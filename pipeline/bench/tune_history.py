@@ -53,7 +53,7 @@ def _ratios(items: list[dict], name_key: str, pattern: re.Pattern) -> dict[str, 
 def _settings(out: dict, variant: str) -> str:
     """How a MetaSchedule-inside contender searched, where it differs from the benchmark's default
     (one round of 16, MetaSchedule's 512 x 4): runs of different settings are tallied apart."""
-    if variant not in ("ms_cost", "ms_cost_eps", "transfer_first_cost"):
+    if variant not in ("ms_cost", "ms_cost_eps", "ms_rank", "transfer_first_cost"):
         return variant
     parts = []
     if out.get("inside_per_iter"):
