@@ -118,12 +118,14 @@ class CostModel:
             self.xgb._train(xs=xs, ys=np.concatenate(ys))
             self.trained_on = len(xs)
 
-    def copy(self) -> "CostModel":
-        """A fresh model trained on the same data (what `add` gives it next is its own): one
-        pre-training shared by several tunes, as the tune benchmark's tasks share it."""
+    def copy(self, train: bool = True) -> "CostModel":
+        """A fresh model on the same data (what `add` gives it next is its own): one pre-training
+        shared by several tunes, as the tune benchmark's tasks share it. Trained unless `train`
+        is False (a caller that only reads `groups`, such as pipeline.rank_model, skips it)."""
         out = CostModel(self.target)
         out.groups = {k: (list(f), list(c)) for k, (f, c) in self.groups.items()}
-        out.train()
+        if train:
+            out.train()
         return out
 
     def as_metaschedule(self, focus: int = 1):

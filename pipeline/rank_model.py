@@ -16,6 +16,8 @@ tuned workload's group weighted `focus` times in the ranking loss.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from pipeline.cost_model import FAILED_COST
@@ -24,7 +26,7 @@ from tvm.ir.utils import derived_object
 
 GRADES = 16          # relevance levels of the ranking labels: 1..16 by normalised throughput, 0 failed
 XGB_PARAMS = {"objective": "rank:pairwise", "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
-              "subsample": 0.8, "colsample_bytree": 0.8, "n_jobs": 2, "random_state": 0}
+              "subsample": 0.8, "colsample_bytree": 0.8, "n_jobs": os.cpu_count() or 1, "random_state": 0}
 
 
 def aggregate(feats: list[np.ndarray]) -> np.ndarray:
@@ -53,7 +55,7 @@ class RankModel:
     def train(self) -> None:
         import xgboost
 
-        keys = [k for k, (f, c) in self.groups.items() if f]
+        keys = list(self.groups)
         if not keys:
             self.ranker = None
             return
@@ -74,11 +76,11 @@ class RankModel:
         return out
 
     def add(self, key: str, feats: list[np.ndarray], costs: list[float], weight: float = 1.0) -> None:
-        f, c = self.groups.setdefault(key, ([], []))
-        for x, cost in zip(feats, costs):
-            if len(x):
-                f.append(x)
-                c.append(cost)
+        kept = [(x, cost) for x, cost in zip(feats, costs) if len(x)]
+        if kept:
+            f, c = self.groups.setdefault(key, ([], []))
+            f.extend(x for x, _ in kept)
+            c.extend(cost for _, cost in kept)
         self.weights[key] = weight
 
     def as_metaschedule(self, focus: int = 1):

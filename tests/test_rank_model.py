@@ -89,8 +89,15 @@ def test_bench_ms_rank_gives_metaschedule_the_ranking_model_on_the_cost_models_d
     monkeypatch.setattr(metaschedule, "tune", lambda *a, **kw: given.append(kw["cost_model"]) or "tuned")
     monkeypatch.setattr(bench, "_retimed", lambda tuned, *a: {"_candidates": []})
     sp = SimpleNamespace(population_size=512, genetic_num_iters=4)
-    bench._inside(None, None, None, 16, sp, None, None, "x", None, lambda: cost, 16, ranker=True)
-    bench._inside(None, None, None, 16, sp, None, None, "x", None, lambda: cost, 16)
+    trained = []                              # both read the data and train their own: no copy trained
+
+    def make(train=True):
+        trained.append(train)
+        return cost
+
+    bench._inside(None, None, None, 16, sp, None, None, "x", None, make, 16, ranker=True)
+    bench._inside(None, None, None, 16, sp, None, None, "x", None, make, 16)
+    assert trained == [False, False]
     ranked, xgb = given
     assert ranked.focus == 16 and ranked.model.ranker is not None and len(ranked.model.groups["w"][0]) == len(feats)
     assert not hasattr(xgb, "focus") and xgb.data_size == len(feats)      # ms_cost: the XGBModel as before

@@ -167,9 +167,9 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
     if ranker:
         from pipeline.rank_model import RankModel
 
-        xgb = RankModel(cost().groups).as_metaschedule(focus)
+        xgb = RankModel(cost(train=False).groups).as_metaschedule(focus)
     else:
-        xgb = cost().as_metaschedule(focus) if cost else None
+        xgb = cost(train=False).as_metaschedule(focus) if cost else None   # it trains its own
     load_s = time.perf_counter() - start
     if model is not None or library is not None:
         strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,
@@ -422,12 +422,12 @@ def main() -> None:
 
     pretrained = []       # pre-trained once; each task's tune gets its own copy
 
-    def cost():
+    def cost(train: bool = True):
         if args.cost_data == "none":
             return cost_model.CostModel(raw["search"]["target"])
         if not pretrained:
             pretrained.append(cost_model.for_target(raw["search"]["target"], args.cost_data)[0])
-        return pretrained[0].copy()
+        return pretrained[0].copy(train)
 
     libraries = []        # the transfer library, loaded once
 
