@@ -211,11 +211,13 @@ def _optimize(args) -> int:
 
 
 def _strategy_args(p) -> None:
-    p.add_argument("--strategy", choices=["model", "ms-cost"], default="model",
+    p.add_argument("--strategy", choices=["model", "ms-cost", "ms-rank"], default="model",
                    help="model: the language model writes and refines (default); ms-cost: MetaSchedule's evolutionary "
-                        "search ranked by the cost model pre-trained on the target's campaign (no language model)")
+                        "search ranked by the cost model pre-trained on the target's campaign (no language model); "
+                        "ms-rank: the same search ranked by the pairwise ranking model on that data")
     p.add_argument("--focus", type=int, default=None,
-                   help="ms-cost: times the cost model counts this kernel's measurements against the campaign's (default 16)")
+                   help="ms-cost/ms-rank: times the model counts this kernel's measurements against the campaign's "
+                        "(default 16)")
 
 
 def _cost_model_args(p) -> None:
@@ -230,10 +232,10 @@ def _cost_model_args(p) -> None:
 
 def _strategy_conflict(args) -> str | None:
     """The options the chosen --strategy does not take, as a one-line error (None: none given)."""
-    if args.strategy == "ms-cost" and (args.model is not None or args.oversample != 1 or not args.fill):
-        return "--model, --oversample and --no-fill are for --strategy model (ms-cost uses no language model)"
+    if args.strategy != "model" and (args.model is not None or args.oversample != 1 or not args.fill):
+        return f"--model, --oversample and --no-fill are for --strategy model ({args.strategy} uses no language model)"
     if args.strategy == "model" and args.focus is not None:
-        return "--focus is for --strategy ms-cost"
+        return "--focus is for --strategy ms-cost or ms-rank"
     return None
 
 
@@ -249,7 +251,7 @@ def _tune(args) -> int:
     if (err := _strategy_conflict(args)) is not None:
         print(f"little-dragon tune: {err}", file=sys.stderr)
         return 2
-    if args.strategy == "ms-cost":
+    if args.strategy != "model":
         return _tune_ms_cost(args)
     model_dir = _default_model(args, "tune")
     if model_dir is None:
@@ -271,11 +273,12 @@ def _tune_ms_cost(args) -> int:
     try:
         r = tune_search.tune(args.kernel, _target_arg(args.target), args.trials, args.work_dir, batch=args.batch,
                              focus=_focus(args), cost_data=args.cost_data,
-                             timeout_s=args.timeout, progress=not args.quiet, params_path=args.params)
+                             timeout_s=args.timeout, progress=not args.quiet, params_path=args.params,
+                             ranker=args.strategy == "ms-rank")
     except optimize.KernelError as err:
         print(f"little-dragon tune: {err}", file=sys.stderr)
         return 2
-    print(tune_search.main_summary(r, args.work_dir))
+    print(tune_search.main_summary(r, args.work_dir, ranker=args.strategy == "ms-rank"))
     return 0 if r.best_latency_s else 1
 
 

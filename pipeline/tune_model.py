@@ -161,14 +161,16 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | No
     network's tasks) picks what each task measures among `oversample` times its batch.
     `strategy` "ms-cost": no language model; each task tuned by MetaSchedule's search ranked by
     the cost model pre-trained on the target's campaign (pipeline.tune_search), one model shared
-    by the tasks; the network's end-to-end check stands for the per-kernel checks."""
+    by the tasks; the network's end-to-end check stands for the per-kernel checks. "ms-rank": the
+    same, the search ranked by pipeline.rank_model on that data."""
     from pipeline import tune_search
     from pipeline.describe import DescribeError
     from pipeline.tune import Tuner, check_cost_args, make_cost_model
     from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
 
-    if strategy == "ms-cost":
+    search = strategy in ("ms-cost", "ms-rank")
+    if search:
         tune_search.check_args(trials_per_task, batch, focus, cost_data, "--trials-per-task")
     elif trials_per_task < 1:
         raise KernelError(f"--trials-per-task must be >= 1, got {trials_per_task}")
@@ -179,7 +181,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | No
     if not tasks:
         raise KernelError(f"{path}: the network has no tuning task (no operator to schedule)")
     work = Path(work_dir)
-    if strategy == "ms-cost":
+    if search:
         from pipeline import cost_model
 
         model = tok = None
@@ -190,15 +192,15 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | No
 
         model, tok = models.load(model_dir)
         cost, source = make_cost_model(target_spec, oversample, cost_data, progress)
-    checker = Checker(timeout_s=timeout_s) if strategy != "ms-cost" else None
+    checker = Checker(timeout_s=timeout_s) if not search else None
     rows, dirs, start = [], [], time.perf_counter()
     for i, task in enumerate(tasks):
         folder = work / "tasks" / f"{i:02d}-{task.task_name}"
         if progress:
             print(f"tune-model: task {i + 1}/{len(tasks)} {task.task_name} (x{int(task.weight)})", flush=True)
-        if strategy == "ms-cost":
+        if search:
             r = tune_search.tune_kernel(task.dispatched[0], target_spec, trials_per_task, folder, cost, source, sp,
-                                        focus, verify_top=0, progress=progress)
+                                        focus, verify_top=0, progress=progress, ranker=strategy == "ms-rank")
             dirs.append(folder)
             rows.append({"task": task.task_name, "weight": int(task.weight),
                          **{k: v for k, v in r.to_json().items() if k not in ("curve", "best_script")}})
@@ -228,7 +230,7 @@ def tune_model(path: str, target_spec, trials_per_task: int, model_dir: str | No
 
 
 def main_summary(r: dict, work_dir: str) -> str:
-    how = " (ms-cost)" if r.get("strategy") == "ms-cost" else ""
+    how = f" ({r['strategy']})" if r.get("strategy") in ("ms-cost", "ms-rank") else ""
     return (f"tune-model{how}: {len(r['tasks'])} tasks, {r['measured']} candidates in {r['tune_seconds']:.0f} s; "
             f"end to end {r['tuned_latency_s'] * 1e6:.1f} us against {r['untuned_latency_s'] * 1e6:.1f} us untuned "
             f"({r['speedup_vs_untuned']:.2f}x), outputs {'match' if r['matches_untuned'] else 'DIFFER'}; "

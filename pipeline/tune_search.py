@@ -18,6 +18,11 @@ the candidates in measurement order. Resumable: a second run in the same work fo
 only what is left of `--trials`, its cost model taking in what was measured before, and its
 search skipping those candidates (`SkipMeasured`: MetaSchedule would measure them again).
 `tune-model --strategy ms-cost` runs `tune_kernel` on each task of a network.
+
+`--strategy ms-rank` is the same search ranked by pipeline.rank_model instead (XGBoost pairwise
+ranking per workload on the same campaign data, learning from the run the same way): better at
+ordering held-out workloads' candidates (bench cost_model --model rank), and the `ms_rank`
+contender of the tune benchmark.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ FOCUS = 16  # times the cost model counts this kernel's measurements against the
 
 def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int = 8, focus: int = FOCUS,
          cost_data: str | None = None, verify_top: int = 4, timeout_s: float = 60.0, progress: bool = True,
-         params_path: str = "params.yaml") -> TuneResult:
-    """Tune the kernel in `kernel_path` to `trials` measured candidates in `work_dir`."""
+         params_path: str = "params.yaml", ranker: bool = False) -> TuneResult:
+    """Tune the kernel in `kernel_path` to `trials` measured candidates in `work_dir` (`ranker`:
+    the search ranks by pipeline.rank_model, `--strategy ms-rank`)."""
     from pipeline import cost_model
     from pipeline.optimize import load_kernel
     from pipeline.tvm_env import make_target
@@ -52,7 +58,8 @@ def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int =
     cost, source = cost_model.for_target(target_spec, cost_data, progress=progress)
     checker = Checker(timeout_s=timeout_s, workers=2)
     try:
-        return tune_kernel(mod, target_spec, trials, work_dir, cost, source, sp, focus, verify_top, checker, progress)
+        return tune_kernel(mod, target_spec, trials, work_dir, cost, source, sp, focus, verify_top, checker, progress,
+                           ranker)
     finally:
         checker.close()
 
@@ -91,11 +98,12 @@ def search_params(params_path: str, batch: int, population: int = 512, generatio
 
 
 def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, focus: int = FOCUS,
-                verify_top: int = 4, checker=None, progress: bool = True) -> TuneResult:
+                verify_top: int = 4, checker=None, progress: bool = True, ranker: bool = False) -> TuneResult:
     """One kernel to `trials` candidates in `work_dir`. `cost`: a pipeline.cost_model.CostModel
     (pre-trained; it takes in this kernel's measurements, so a network's tasks can share one);
     `sp`: `search_params`. `verify_top` 0: no checks, the best is MetaSchedule's fastest as it
-    timed it (a network's tasks, whose compiled network is checked end to end instead)."""
+    timed it (a network's tasks, whose compiled network is checked end to end instead).
+    `ranker`: MetaSchedule's search ranks by a pipeline.rank_model.RankModel on `cost`'s data."""
     from pipeline import records, tuning
     from pipeline.tvm_env import make_target
 
@@ -112,10 +120,15 @@ def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, 
     if left > 0:
         if progress:
             print(f"tune: {left} candidates to measure ({len(before)} already in {work}); "
-                  f"cost model pre-trained on {source}", flush=True)
+                  f"{'ranking' if ranker else 'cost'} model pre-trained on {source}", flush=True)
         strategy = SkipMeasured(sp.population_size, sp.genetic_num_iters,
                                 _measured_mods(mod, target, [s for s, _ in before if s]))
-        xgb = cost.as_metaschedule(focus)
+        if ranker:
+            from pipeline.rank_model import RankModel
+
+            xgb = RankModel(cost.groups).as_metaschedule(focus)
+        else:
+            xgb = cost.as_metaschedule(focus)
         tuning.tune(sp, target, [("main", mod)], work, left, min(sp.trials_per_iter, left), logger="tune",
                     search_strategy=strategy, cost_model=xgb)
     found = _candidates(mod, work)
@@ -147,11 +160,15 @@ def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, 
     if result.best_script:
         files.write_text_atomic(work / "best.script", result.best_script + "\n")
     result.seconds = time.perf_counter() - start
-    files.write_json(work / "result.json", {**result.to_json(), "strategy": "ms-cost", "focus": focus,
+    files.write_json(work / "result.json", {**result.to_json(), "strategy": strategy_name(ranker), "focus": focus,
                                             "batch": batch, "search": [sp.population_size, sp.genetic_num_iters],
                                             "checked": [{k: v for k, v in c.items() if k != "script"} | {"rank": i}
                                                         for i, c in enumerate(checked)]})
     return result
+
+
+def strategy_name(ranker: bool) -> str:
+    return "ms-rank" if ranker else "ms-cost"
 
 
 def _measured_mods(mod, target, scripts: list[str]) -> set:
@@ -239,9 +256,10 @@ def _check_best(mod, target_spec, found, top: int, checker) -> list[dict]:
             for (s, lat), o in zip(ranked, outcomes)]
 
 
-def main_summary(r: TuneResult, work_dir: str) -> str:
+def main_summary(r: TuneResult, work_dir: str, ranker: bool = False) -> str:
+    how, what = strategy_name(ranker), "a ranking model" if ranker else "a cost model"
     if not r.best_latency_s:
-        return f"tune (ms-cost): {r.measured} candidates measured, {r.stopped}; database in {work_dir}"
-    return (f"tune (ms-cost): {r.measured} candidates measured by MetaSchedule with a cost model pre-trained on "
+        return f"tune ({how}): {r.measured} candidates measured, {r.stopped}; database in {work_dir}"
+    return (f"tune ({how}): {r.measured} candidates measured by MetaSchedule with {what} pre-trained on "
             f"{r.cost_data}, {r.seconds:.0f} s; best checked {r.best_latency_s * 1e6:.1f} us ({r.speedup:.2f}x the "
             f"baseline) -> {work_dir}/best.script, MetaSchedule database in {work_dir}")

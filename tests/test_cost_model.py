@@ -105,6 +105,7 @@ def test_pretraining_reads_a_search_database_leaves_out_exclusions_and_keeps_its
     assert everything.size == 20           # other exclusions: not the kept features
 
 
+@pytest.mark.slow     # ~120 s: the default run keeps under 15 min (CI runs it in its slow phase)
 def test_tuner_with_a_cost_model_writes_more_than_it_measures(tmp_path, cpu_target):
     from pipeline import files, models
     from pipeline.tune import Tuner

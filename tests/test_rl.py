@@ -154,6 +154,7 @@ def test_grpo_resumes_its_adapter_run_after_run(tmp_path, cpu_target, monkeypatc
     assert any(not (after_first[k] == after_second[k]).all() for k in after_first)   # trained further
 
 
+@pytest.mark.slow     # ~100 s: the default run keeps under 15 min (CI runs it in its slow phase)
 def test_an_interrupted_run_saves_its_finished_steps(tmp_path, cpu_target, monkeypatch):
     """Ctrl-C or SIGTERM in the middle of step 2 (here: while its rewards are measured, where a
     GPU command's time ran out in session 22): step 1's adapter and report are saved, the

@@ -60,6 +60,8 @@ def test_tune_measures_n_candidates_into_a_database_tvm_reads_and_resumes(tmp_pa
     (["--strategy", "ms-cost", "--focus", "0"], "must be >= 1"),
     (["--strategy", "ms-cost", "--trials", "0"], "--trials must be >= 1"),
     (["--strategy", "ms-cost", "--target", "no-such-target"], "no-such-target"),
+    (["--strategy", "ms-rank", "--oversample", "4"], "for --strategy model (ms-rank"),
+    (["--strategy", "ms-rank", "--focus", "0"], "must be >= 1"),
 ])
 def test_tune_rejects_bad_input_with_one_line(tmp_path, capsys, extra, message):
     kernel = tmp_path / "k.py"
@@ -242,9 +244,10 @@ def test_bench_plot_legend_sits_below_the_panels_inside_the_figure(tmp_path, tas
             assert ax.get_tightbbox(renderer).y0 >= legend.y1
 
 
-@pytest.mark.slow   # ~1-2 min on 2 cores (MetaSchedule's search, population 512 x 4)
+@pytest.mark.slow   # ~1-2 min on 2 cores each (MetaSchedule's search, population 512 x 4)
+@pytest.mark.parametrize("strategy", ["ms-cost", "ms-rank"])
 def test_ms_cost_strategy_tunes_with_the_pretrained_cost_model_checks_the_best_and_resumes(tmp_path, capsys,
-                                                                                         cpu_target):
+                                                                                         cpu_target, strategy):
     from test_cost_model import _database
 
     from pipeline import files
@@ -257,13 +260,13 @@ def test_ms_cost_strategy_tunes_with_the_pretrained_cost_model_checks_the_best_a
     kernel = tmp_path / "k.py"
     kernel.write_text(KERNEL_TE)
     work = tmp_path / "tuned"
-    args = ["tune", str(kernel), "--strategy", "ms-cost", "--cost-data", str(tmp_path / "search"), "--trials", "6",
+    args = ["tune", str(kernel), "--strategy", strategy, "--cost-data", str(tmp_path / "search"), "--trials", "6",
             "--batch", "4", "--work-dir", str(work), "--quiet"]
     assert main(args) == 0
     rows = list(files.read_jsonl(work / "tune.jsonl"))
     assert len(rows) == 6 and {r["source"] for r in rows} == {SOURCE} and [r["round"] for r in rows] == [1] * 4 + [2] * 2
     result = json.loads((work / "result.json").read_text())
-    assert result["strategy"] == "ms-cost" and result["measured"] == 6 and str(tmp_path / "search") in result["cost_data"]
+    assert result["strategy"] == strategy and result["measured"] == 6 and str(tmp_path / "search") in result["cost_data"]
     # the best is the fastest of those the checker passed, among MetaSchedule's fastest
     passed = [c for c in result["checked"] if c["correct"]]
     assert passed and result["best_latency_s"] == min(c["latency_s"] for c in passed)
@@ -276,7 +279,35 @@ def test_ms_cost_strategy_tunes_with_the_pretrained_cost_model_checks_the_best_a
     again = list(files.read_jsonl(work / "tune.jsonl"))
     assert len(again) == 8 and again[:6] == rows
     assert len(ms.database.JSONDatabase(work_dir=str(work)).get_all_tuning_records()) == 8
-    assert "ms-cost" in capsys.readouterr().out
+    assert f"tune ({strategy})" in capsys.readouterr().out
+
+
+def test_ms_rank_hands_metaschedule_the_ranking_model_on_the_cost_models_data(tmp_path, monkeypatch, cpu_target):
+    """--strategy ms-rank: the same search as ms-cost, its cost model object the ranking model
+    trained on the CostModel's groups, learning with the same focus."""
+    from helpers import SPEC
+    from test_rank_model import _group
+
+    from pipeline import tuning, tune_search
+    from pipeline.cost_model import CostModel
+    from pipeline.rank_model import MetaScheduleRank
+    from pipeline.tvm_env import ms
+
+    mod, feats, lat = _group(cpu_target, SPEC, 12, seed=0)
+    cost = CostModel(cpu_target)
+    cost.groups = {"w": (feats, lat)}
+    given = []
+    monkeypatch.setattr(tuning, "tune", lambda *a, **kw: given.append(kw["cost_model"]))
+    sp = tune_search.search_params("params.yaml", 4)
+    for ranker in (True, False):
+        r = tune_search.tune_kernel(mod, {"kind": "llvm", "num-cores": 2}, 4, tmp_path / str(ranker), cost, "here",
+                                    sp, 8, verify_top=0, progress=False, ranker=ranker)
+        assert json.loads((tmp_path / str(ranker) / "result.json").read_text())["strategy"] == \
+            tune_search.strategy_name(ranker)
+        assert r.stopped == "no candidate ran"     # nothing was measured: tuning.tune did not run
+    ranked, xgb = given
+    assert isinstance(ranked, MetaScheduleRank) and ranked.focus == 8 and ranked.model.ranker is not None
+    assert isinstance(xgb, ms.cost_model.XGBModel) and xgb.data_size == len(feats)
 
 
 def test_ms_cost_strategy_refuses_a_work_folder_of_the_model_strategy(tmp_path, capsys):

@@ -55,8 +55,9 @@ def test_tune_model_tunes_every_task_and_the_network_end_to_end(tmp_path, capsys
     assert "outputs match" in capsys.readouterr().out
 
 
-@pytest.mark.slow   # ~2 min on 2 cores (MetaSchedule's search per task, population 512 x 4)
-def test_tune_model_ms_cost_tunes_every_task_with_one_pretrained_cost_model(tmp_path, capsys, cpu_target):
+@pytest.mark.slow   # ~2 min on 2 cores each (MetaSchedule's search per task, population 512 x 4)
+@pytest.mark.parametrize("strategy", ["ms-cost", "ms-rank"])
+def test_tune_model_ms_cost_tunes_every_task_with_one_pretrained_cost_model(tmp_path, capsys, cpu_target, strategy):
     from test_cost_model import _database
 
     from pipeline import files
@@ -69,12 +70,12 @@ def test_tune_model_ms_cost_tunes_every_task_with_one_pretrained_cost_model(tmp_
     net = tmp_path / "net.py"
     net.write_text(NETWORK)
     work = tmp_path / "tuned"
-    args = ["tune-model", str(net), "--strategy", "ms-cost", "--cost-data", str(tmp_path / "search"),
+    args = ["tune-model", str(net), "--strategy", strategy, "--cost-data", str(tmp_path / "search"),
             "--trials-per-task", "3", "--work-dir", str(work), "--quiet"]
     assert main(args) == 0
     result = json.loads((work / "result.json").read_text())
     tasks = tm.extract_tasks(tm.load_network(net), cpu_target)
-    assert result["strategy"] == "ms-cost" and len(result["tasks"]) == len(tasks) >= 2
+    assert result["strategy"] == strategy and len(result["tasks"]) == len(tasks) >= 2
     # MetaSchedule stops a task early when its design space has no unmeasured candidate left
     # (an elementwise task has a handful), so up to 3 a task
     assert result["matches_untuned"] is True and len(tasks) < result["measured"] <= 3 * len(tasks)
@@ -97,7 +98,7 @@ def test_tune_model_ms_cost_tunes_every_task_with_one_pretrained_cost_model(tmp_
     again = per_task()
     assert all(b[: len(a)] == a for a, b in zip(first, again))
     assert json.loads((work / "result.json").read_text())["measured"] == sum(map(len, again))
-    assert "tune-model (ms-cost)" in capsys.readouterr().out
+    assert f"tune-model ({strategy})" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text,extra,message", [
@@ -106,6 +107,7 @@ def test_tune_model_ms_cost_tunes_every_task_with_one_pretrained_cost_model(tmp_
     (NETWORK, ["--trials-per-task", "0"], "--trials-per-task must be >= 1"),
     (NETWORK, ["--target", "no-such-target"], "no-such-target"),
     (NETWORK, ["--strategy", "ms-cost"], "for --strategy model"),       # with --model
+    (NETWORK, ["--strategy", "ms-rank"], "for --strategy model (ms-rank"),
     (NETWORK, ["--focus", "8"], "--focus is for --strategy ms-cost"),
 ])
 def test_tune_model_rejects_bad_input_with_one_line(tmp_path, capsys, text, extra, message):
