@@ -127,7 +127,7 @@ def test_tune_model_rejects_a_file_that_is_not_python(tmp_path, capsys):
     assert "not a Python file" in capsys.readouterr().err
 
 
-@pytest.mark.slow     # two Relax tunings and three end-to-end builds (~1-2 min)
+@pytest.mark.slow     # three Relax tunings and four end-to-end builds (~2 min)
 def test_bench_ms_cost_tunes_the_network_with_the_pretrained_cost_model_at_equal_trials(tmp_path, cpu_target):
     from pipeline.bench.tune_model import run_network
     from pipeline.cost_model import CostModel
@@ -136,20 +136,21 @@ def test_bench_ms_cost_tunes_the_network_with_the_pretrained_cost_model_at_equal
     net.write_text(NETWORK)
     made = []
 
-    def cost():
-        made.append(CostModel(cpu_target))
-        return made[-1]
+    def cost(train=True):
+        made.append(train)
+        return CostModel(cpu_target)
 
-    row = run_network(str(net), None, {"kind": "llvm", "num-cores": 2}, 2, tmp_path / "work", ["ms_cost"], cost,
-                      final_rounds=2)
-    assert len(made) == 1 and "model" not in row
+    row = run_network(str(net), None, {"kind": "llvm", "num-cores": 2}, 2, tmp_path / "work", ["ms_cost", "ms_rank"],
+                      cost, final_rounds=2)
+    assert made == [False, False] and "model" not in row     # each trains its own MetaSchedule cost model
+    assert row["ms_rank"]["matches_untuned"] is True and 0 < row["ms_rank"]["measured"] <= 2 * row["tasks"]
     ms_row, ours = row["metaschedule"], row["ms_cost"]
     assert ms_row["matches_untuned"] is True and ours["matches_untuned"] is True
     assert 0 < ours["measured"] <= 2 * row["tasks"] and 0 < ms_row["measured"] <= 2 * row["tasks"]
     assert row["ms_cost_over_ms"] == ours["latency_s"] / ms_row["latency_s"] > 0
     # every contender's network, the untuned one too, timed again side by side: a median of 2 rounds each
     final = row["final"]
-    assert final["rounds"] == 2 and set(final["latency_s"]) == {"untuned", "metaschedule", "ms_cost"}
+    assert final["rounds"] == 2 and set(final["latency_s"]) == {"untuned", "metaschedule", "ms_cost", "ms_rank"}
     for key, (low, high) in final["spread_s"].items():
         assert 0 < low <= final["latency_s"][key] <= high
     assert row["final_ms_cost_over_ms"] == final["latency_s"]["ms_cost"] / final["latency_s"]["metaschedule"]

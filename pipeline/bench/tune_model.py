@@ -2,7 +2,7 @@
 (`ms.relax_integration.tune_relax`) at equal trials per task, end to end, in one run.
 
     python -m pipeline.bench.tune_model --model models/rl [--trials-per-task 16] \
-        [--networks examples/networks/*.py] [--variants model ms_cost ms_cost_tasks model_first_cost transfer_first_cost] \
+        [--networks examples/networks/*.py] [--variants model ms_cost ms_rank ms_cost_tasks model_first_cost ...] \
         [--final-retime 10] [--out reports/bench_tune_model_cpu.json]
 
 Per network: the model tunes every task (pipeline.tune_model); MetaSchedule tunes the same
@@ -21,6 +21,8 @@ pre-trained on the target's campaign, `CostModel.as_metaschedule`) and `model_fi
 `strategy=ModelFirst(model)`: each task's first half of its trials written by the model), and
 `transfer_first_cost` (`strategy=ModelFirst(proposer=transfer.Library...)`: each task's first
 half carried over from the campaign's best scripts of other workloads, pipeline.transfer).
+`ms_rank`: `tune_relax(..., cost_model=...)` with pipeline.rank_model's ranking model on the same
+campaign data (`RankModel.as_metaschedule`), learning from the run as `ms_cost` does.
 `ms_cost_tasks`: `tune-model --strategy ms-cost` (pipeline.tune_search: each task in turn, rounds of
 8, the cost model counting the task's own measurements 16 times), what a user of the CLI gets.
 """
@@ -36,7 +38,7 @@ from pathlib import Path
 from pipeline import files
 
 
-VARIANTS = ("model", "ms_cost", "ms_cost_tasks", "model_first_cost", "transfer_first_cost")
+VARIANTS = ("model", "ms_cost", "ms_rank", "ms_cost_tasks", "model_first_cost", "transfer_first_cost")
 
 
 def _tune_relax(mod, target, trials: int, n_tasks: int, work: Path, **kw):
@@ -111,11 +113,16 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
                     "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
         databases[key] = tm.union(sorted(d for d in (work / key / "tasks").glob("*")
                                          if (d / "database_tuning_record.json").exists()))
-    for key in ("ms_cost", "model_first_cost", "transfer_first_cost"):
+    for key in ("ms_cost", "ms_rank", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
-        kw = {"cost_model": cost().as_metaschedule()}
-        if key != "ms_cost":
+        if key == "ms_rank":
+            from pipeline.rank_model import RankModel
+
+            kw = {"cost_model": RankModel(cost(train=False).groups).as_metaschedule()}
+        else:
+            kw = {"cost_model": cost(train=False).as_metaschedule()}     # it trains its own
+        if key in ("model_first_cost", "transfer_first_cost"):
             from pipeline.model_strategy import ModelFirst
 
             kw["strategy"] = (ModelFirst(model_dir, batch=max(1, trials // 2)) if key == "model_first_cost"
@@ -163,6 +170,7 @@ def _plot(rows: list[dict], path: Path) -> None:
 
 
 LABELS = {"model": "model (tune-model)", "ms_cost": "MetaSchedule + pre-trained cost model",
+          "ms_rank": "MetaSchedule + pre-trained ranking model",
           "ms_cost_tasks": "tune-model --strategy ms-cost (per task, focus 16)",
           "model_first_cost": "ModelFirst + pre-trained cost model",
           "transfer_first_cost": "campaign scripts carried over first + pre-trained cost model"}
@@ -205,12 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
     target_spec = json.loads(args.target) if args.target.startswith("{") else args.target
     pretrained = []
 
-    def cost():       # pre-trained once (the target's campaign kept in git), a fresh copy each use
+    def cost(train: bool = True):   # pre-trained once (the target's campaign kept in git), a fresh copy each use
         if not pretrained:
             from pipeline import cost_model
 
             pretrained.append(cost_model.for_target(target_spec)[0])
-        return pretrained[0].copy()
+        return pretrained[0].copy(train)
 
     libraries = []
 
