@@ -198,6 +198,7 @@ class SkipMeasured(ms.search_strategy.PySearchStrategy):
         super().__init__()
         self.args = (population_size, genetic_num_iters, set(measured), tries)
         self.measured, self.tries = set(measured), tries
+        self.left = 0                # candidates still to send: pre_tuning's max_trials
         self.inner = ms.search_strategy.EvolutionarySearch(population_size=population_size,
                                                            genetic_num_iters=genetic_num_iters)
 
@@ -205,21 +206,29 @@ class SkipMeasured(ms.search_strategy.PySearchStrategy):
         self.inner._initialize_with_tune_context(context)
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.left = max_trials      # the inner search's count drifts after a round of re-measures: ours does not
         self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
 
     def post_tuning(self) -> None:
         self.inner.post_tuning()
 
     def generate_measure_candidates(self):
-        for _ in range(self.tries):      # a round of re-measures only: the search is told none ran, and tries again
+        # a round of re-measures only: the search is told none ran, and tries again. The inner search
+        # marks what it picks as measured, so each such round uses up at least one of the candidates
+        # measured before: as many rounds as those, plus `tries`, always get past them (a pre-trained
+        # model ranks the kernel's measured best first, round after round: the ranking model did)
+        for _ in range(self.tries + len(self.args[2])):
+            if self.left <= 0:
+                return None
             cands = self.inner.generate_measure_candidates()
             if cands is None:
                 return None
             hashes = [structural_hash(c.sch.mod) for c in cands]
-            fresh = [c for c, h in zip(cands, hashes) if h not in self.measured]
+            fresh = [(c, h) for c, h in zip(cands, hashes) if h not in self.measured][: self.left]
             if fresh:
-                self.measured.update(hashes)
-                return fresh
+                self.measured.update(h for _, h in fresh)
+                self.left -= len(fresh)
+                return [c for c, _ in fresh]
             self.inner.notify_runner_results([], [])
         return None
 

@@ -310,6 +310,35 @@ def test_ms_rank_hands_metaschedule_the_ranking_model_on_the_cost_models_data(tm
     assert isinstance(xgb, ms.cost_model.XGBModel) and xgb.data_size == len(feats)
 
 
+def test_skip_measured_gets_past_what_was_measured_before_and_sends_exactly_its_budget(monkeypatch):
+    """A resumed tune's search proposes kernels measured in the earlier run (it does not read them
+    from the database): those rounds are skipped, as many as it takes, and no more than
+    max_trials candidates go out in all, though the inner search's own count drifts after a
+    skipped round (the ranking model's resume measured 3 for 2 asked before this)."""
+    from types import SimpleNamespace as NS
+
+    from pipeline import tune_search
+
+    monkeypatch.setattr(tune_search, "structural_hash", lambda mod: mod)
+    rounds = iter([["a", "b"], ["c"], ["a", "d"], ["e", "f"], ["g", "h"]])     # what the inner search picks
+
+    class Inner:
+        def generate_measure_candidates(self):
+            return [NS(sch=NS(mod=m)) for m in next(rounds)]
+
+        def notify_runner_results(self, *a):
+            pass
+
+        def pre_tuning(self, *a):
+            pass
+
+    skip = tune_search.SkipMeasured(8, 1, {"a", "b", "c"}, tries=1)._inst     # the Python object, not TVM's wrapper
+    skip.inner = Inner()
+    skip.pre_tuning(2, 2, [])
+    sent = [skip.generate_measure_candidates() for _ in range(3)]
+    assert [[c.sch.mod for c in r] if r else r for r in sent] == [["d"], ["e"], None]
+
+
 def test_ms_cost_strategy_refuses_a_work_folder_of_the_model_strategy(tmp_path, capsys):
     from pipeline import files
 
