@@ -93,6 +93,13 @@ class RankModel:
         return MetaScheduleRank(inner, focus)
 
 
+def for_search(cost, focus: int = 1, ranker: bool = False):
+    """MetaSchedule's cost model object for a search on `cost`'s data (a pipeline.cost_model.CostModel,
+    trained or not: either model trains its own): its XGBModel (`CostModel.as_metaschedule`), or
+    with `ranker` this module's ranking model."""
+    return RankModel(cost.groups).as_metaschedule(focus) if ranker else cost.as_metaschedule(focus)
+
+
 @derived_object
 class MetaScheduleRank(ms.cost_model.PyCostModel):
     """RankModel behind MetaSchedule's PyCostModel interface. The evolutionary search samples

@@ -123,12 +123,9 @@ def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, 
                   f"{'ranking' if ranker else 'cost'} model pre-trained on {source}", flush=True)
         strategy = SkipMeasured(sp.population_size, sp.genetic_num_iters,
                                 _measured_mods(mod, target, [s for s, _ in before if s]))
-        if ranker:
-            from pipeline.rank_model import RankModel
+        from pipeline.rank_model import for_search
 
-            xgb = RankModel(cost.groups).as_metaschedule(focus)
-        else:
-            xgb = cost.as_metaschedule(focus)
+        xgb = for_search(cost, focus, ranker)
         tuning.tune(sp, target, [("main", mod)], work, left, min(sp.trials_per_iter, left), logger="tune",
                     search_strategy=strategy, cost_model=xgb)
     found = _candidates(mod, work)
@@ -197,7 +194,9 @@ class SkipMeasured(ms.search_strategy.PySearchStrategy):
     def __init__(self, population_size: int, genetic_num_iters: int, measured: set, tries: int = 3) -> None:
         super().__init__()
         self.args = (population_size, genetic_num_iters, set(measured), tries)
-        self.measured, self.tries = set(measured), tries
+        # the inner search marks what it picks as measured, so each round of re-measures uses up at least
+        # one of the candidates measured before: as many rounds as those, plus `tries`, get past them all
+        self.measured, self.tries = set(measured), tries + len(measured)
         self.left = 0                # candidates still to send: pre_tuning's max_trials
         self.inner = ms.search_strategy.EvolutionarySearch(population_size=population_size,
                                                            genetic_num_iters=genetic_num_iters)
@@ -213,11 +212,9 @@ class SkipMeasured(ms.search_strategy.PySearchStrategy):
         self.inner.post_tuning()
 
     def generate_measure_candidates(self):
-        # a round of re-measures only: the search is told none ran, and tries again. The inner search
-        # marks what it picks as measured, so each such round uses up at least one of the candidates
-        # measured before: as many rounds as those, plus `tries`, always get past them (a pre-trained
-        # model ranks the kernel's measured best first, round after round: the ranking model did)
-        for _ in range(self.tries + len(self.args[2])):
+        # a round of re-measures only: the search is told none ran, and tries again (a pre-trained model
+        # ranks the kernel's measured best first, round after round: the ranking model did)
+        for _ in range(self.tries):
             if self.left <= 0:
                 return None
             cands = self.inner.generate_measure_candidates()

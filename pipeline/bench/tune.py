@@ -164,12 +164,9 @@ def _inside(mod, target, target_spec, trials: int, sp, checker, work, name: str,
     from pipeline.tvm_env import ms
 
     start = time.perf_counter()
-    if ranker:
-        from pipeline.rank_model import RankModel
+    from pipeline.rank_model import for_search
 
-        xgb = RankModel(cost(train=False).groups).as_metaschedule(focus)
-    else:
-        xgb = cost(train=False).as_metaschedule(focus) if cost else None   # it trains its own
+    xgb = for_search(cost(train=False), focus, ranker) if cost else None   # either trains its own
     load_s = time.perf_counter() - start
     if model is not None or library is not None:
         strategy = ModelFirst(model, batch=max(1, trials // 2), population_size=sp.population_size,

@@ -116,12 +116,9 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
     for key in ("ms_cost", "ms_rank", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
-        if key == "ms_rank":
-            from pipeline.rank_model import RankModel
+        from pipeline.rank_model import for_search
 
-            kw = {"cost_model": RankModel(cost(train=False).groups).as_metaschedule()}
-        else:
-            kw = {"cost_model": cost(train=False).as_metaschedule()}     # it trains its own
+        kw = {"cost_model": for_search(cost(train=False), ranker=key == "ms_rank")}     # either trains its own
         if key in ("model_first_cost", "transfer_first_cost"):
             from pipeline.model_strategy import ModelFirst
 
