@@ -17,6 +17,7 @@ timeout or a worker crash is labelled with the phase it happened in; the worker 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -230,10 +231,13 @@ def _worker_run(seed: int, timed: bool, baseline_s: float | None = None) -> dict
 
 class Checker:
     """Checks scripts in worker processes, build and run phases each with `timeout_s`;
-    `check_many` builds a batch in parallel (`workers` processes) and runs one at a time."""
+    `check_many` builds a batch in parallel (`workers` processes) and runs one at a time.
+    Inside `alone()`, builds take turns with runs too: on a CPU target a kernel timed while
+    another worker compiles shares the cores with the compiler."""
 
     def __init__(self, timeout_s: float = 60.0, workers: int = 1):
         self.timeout_s = timeout_s
+        self._alone = False
         self._threads = ThreadPoolExecutor(max_workers=workers)
         self._local = threading.local()
         self._device = threading.Lock()
@@ -275,19 +279,37 @@ class Checker:
 
     def _check_one(self, mod_json: str, text: str, target_spec, seed: int, timed: bool, ref_key: tuple) -> Outcome:
         """`ref_key`: the kernel's key for the reference's one timing (`_baselines`)."""
-        built = self.call("build", _worker_build, mod_json, text, target_spec, seed)
-        if isinstance(built, Outcome):
-            return built
-        if built is not None:
-            return Outcome(**built)
-        # runs and timings take turns (with other processes too, on a shared GPU: pipeline.device_lock);
-        # the wait is not timed
-        with self._device, device_lock.held():
-            ran = self.call("run", _worker_run, seed, timed, self._baselines.get(ref_key) if timed else None)
-            out = ran if isinstance(ran, Outcome) else Outcome(**ran)
-            if timed and out.baseline_s is not None:
-                self._baselines.setdefault(ref_key, out.baseline_s)
+        alone = self._alone
+        with self._turn() if alone else contextlib.nullcontext():
+            built = self.call("build", _worker_build, mod_json, text, target_spec, seed)
+            if isinstance(built, Outcome):
+                return built
+            if built is not None:
+                return Outcome(**built)
+            # runs and timings take turns (with other processes too, on a shared GPU: pipeline.device_lock);
+            # the wait is not timed
+            with contextlib.nullcontext() if alone else self._turn():
+                ran = self.call("run", _worker_run, seed, timed, self._baselines.get(ref_key) if timed else None)
+                out = ran if isinstance(ran, Outcome) else Outcome(**ran)
+                if timed and out.baseline_s is not None:
+                    self._baselines.setdefault(ref_key, out.baseline_s)
         return out
+
+    @contextlib.contextmanager
+    def _turn(self):
+        """The device: this checker's runs one at a time, and other processes' (pipeline.device_lock)."""
+        with self._device, device_lock.held():
+            yield
+
+    @contextlib.contextmanager
+    def alone(self):
+        """Checks in the block build one at a time, never beside a run (a quiet machine for the
+        timings that decide a comparison; slower: the builds no longer overlap)."""
+        before, self._alone = self._alone, True
+        try:
+            yield self
+        finally:
+            self._alone = before
 
     def _compile_one(self, mod_json: str, text: str, target_spec) -> Outcome:
         out = self.call("build", _worker_compile, mod_json, text, target_spec)

@@ -186,6 +186,7 @@ def test_bench_ms_cost_eps_hands_its_share_of_random_picks_to_metaschedules_sear
 
 
 def test_bench_finalists_are_each_contenders_best_then_timed_again_taking_turns_and_compared_by_median():
+    import contextlib
     from types import SimpleNamespace
 
     from pipeline.bench.tune import best_of_first, final_retime, summarize
@@ -200,15 +201,24 @@ def test_bench_finalists_are_each_contenders_best_then_timed_again_taking_turns_
             self.asked = []
             self.timings = {"fast": iter([1.0, 9.0, 1.2]), "slow": iter([2.0, 2.1, 2.2])}
 
+            self.quiet = False
+
+        @contextlib.contextmanager
+        def alone(self):
+            self.quiet = True
+            yield self
+            self.quiet = False
+
         def check_many(self, mod, texts, target_spec, timed):
-            self.asked.append(list(texts))
+            self.asked.append((list(texts), self.quiet))
             return [SimpleNamespace(correct=t != "bad", latency_s=next(self.timings[t]) if t != "bad" else None)
                     for t in texts]
 
     checker = Checker()
     out = final_retime(None, "llvm", checker, {"metaschedule@4": "fast", "metaschedule@2": "slow",
                                                "ms_cost": "fast", "transfer_first_cost": "bad", "model": None}, 3)
-    assert checker.asked == [["bad", "fast", "slow"] * 3]       # one copy of a shared script, in turns
+    # one copy of a shared script, in turns; on a CPU, no build beside a timing
+    assert checker.asked == [(["bad", "fast", "slow"] * 3, True)] and not out["builds_beside_timings"]
     assert out["latency_s"] == {"metaschedule@4": 1.2, "metaschedule@2": 2.1, "ms_cost": 1.2,
                                 "transfer_first_cost": None, "model": None}
     assert out["spread_s"]["metaschedule@4"] == [1.0, 9.0]

@@ -162,3 +162,40 @@ def test_a_kernels_reference_is_timed_once_per_checker(matmul_mod, cpu_target):
     assert all(o.stage == "ok" and o.latency_s > 0 for o in outs) and workers == 2
     assert len({o.baseline_s for o in outs[:4]}) == 1 and outs[0].baseline_s > 0
     assert outs[4].baseline_s > 0 and outs[4].baseline_s != outs[0].baseline_s
+
+
+def test_inside_alone_no_build_runs_beside_another_check(matmul_mod, cpu_target):
+    """Outside `alone()` a batch builds on both workers at once (and beside a run); inside it,
+    one build or run at a time (the finalists' re-timing on a CPU, pipeline.bench.tune)."""
+    import threading
+    import time
+
+    texts = [encode(matmul_mod, s.trace, cpu_target) for s in sample_many(matmul_mod, cpu_target, 4, seed=3)]
+    checker = Checker(timeout_s=60, workers=2)
+    state = {"active": 0, "mode": "beside", "peak": {}}
+    lock = threading.Lock()
+    call = checker.call
+
+    def counted(phase, fn, *args, **kw):
+        with lock:
+            state["active"] += 1
+            state["peak"][state["mode"]] = max(state["peak"].get(state["mode"], 0), state["active"])
+        try:
+            time.sleep(0.2)            # so two calls that can overlap do
+            return call(phase, fn, *args, **kw)
+        finally:
+            with lock:
+                state["active"] -= 1
+
+    checker.call = counted
+    spec = {"kind": "llvm", "num-cores": 2}
+    try:
+        beside = checker.check_many(matmul_mod, texts, spec, timed=True)
+        with checker.alone():
+            state["mode"] = "alone"
+            alone = checker.check_many(matmul_mod, texts, spec, timed=True)
+        assert not checker._alone          # back to overlapping builds after the block
+    finally:
+        checker.close()
+    assert all(o.stage == "ok" and o.latency_s > 0 for o in beside + alone)
+    assert state["peak"] == {"beside": 2, "alone": 1}

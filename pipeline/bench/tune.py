@@ -34,6 +34,7 @@ turns, and their medians are compared too (`final` in each row, `final_*` in the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import tempfile
 import time
@@ -210,12 +211,18 @@ def final_retime(mod, target_spec, checker, finalists: dict[str, str | None], ro
     """Each finalist (a contender's `best_of_first`) timed again `rounds` times, the contenders
     taking turns round after round so slow drifts of the machine fall on all alike; a
     contender's figure is the median of its rounds. A best of many single timings is biased
-    low (the fastest of 64 noisy timings is luckier than the fastest of 16); these are not."""
+    low (the fastest of 64 noisy timings is luckier than the fastest of 16); these are not.
+    On a CPU target no build runs beside a timing (`Checker.alone`): a kernel timed while the
+    checker's other worker compiles the next finalist shares the cores with the compiler."""
     from statistics import median
+
+    from pipeline.tvm_env import make_target
 
     unique = sorted({s for s in finalists.values() if s is not None})
     start = time.perf_counter()
-    outcomes = checker.check_many(mod, unique * rounds, target_spec, timed=True)
+    cpu = make_target(target_spec).kind.name == "llvm"
+    with checker.alone() if cpu else contextlib.nullcontext():
+        outcomes = checker.check_many(mod, unique * rounds, target_spec, timed=True)
     samples = {s: [] for s in unique}
     for s, o in zip(unique * rounds, outcomes):
         if o.correct and o.latency_s is not None:
@@ -224,7 +231,7 @@ def final_retime(mod, target_spec, checker, finalists: dict[str, str | None], ro
     spread = {k: [min(samples[s]), max(samples[s])] if s is not None and samples[s] else None
               for k, s in finalists.items()}
     return {"rounds": rounds, "seconds": round(time.perf_counter() - start, 1), "latency_s": latency,
-            "spread_s": spread, "scripts": finalists}
+            "spread_s": spread, "scripts": finalists, "builds_beside_timings": not cpu}
 
 
 LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "metaschedule": "MetaSchedule",
