@@ -27,6 +27,7 @@ contender of the tune benchmark.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from pathlib import Path
 from pipeline import files
 from pipeline.optimize import KernelError
 from pipeline.tune import TuneResult
-from pipeline.tvm_env import ms, structural_hash, tvm
+from pipeline.tvm_env import make_target, ms, structural_hash, tvm
 
 SOURCE = "metaschedule + pre-trained cost model"
 FOCUS = 16  # times the cost model counts this kernel's measurements against the campaign's
@@ -47,7 +48,6 @@ def tune(kernel_path: str, target_spec, trials: int, work_dir: str, batch: int =
     the search ranks by pipeline.rank_model, `--strategy ms-rank`)."""
     from pipeline import cost_model
     from pipeline.optimize import load_kernel
-    from pipeline.tvm_env import make_target
     from pipeline.verify import Checker
 
     check_args(trials, batch, focus, cost_data)
@@ -105,7 +105,6 @@ def tune_kernel(mod, target_spec, trials: int, work_dir, cost, source: str, sp, 
     timed it (a network's tasks, whose compiled network is checked end to end instead).
     `ranker`: MetaSchedule's search ranks by a pipeline.rank_model.RankModel on `cost`'s data."""
     from pipeline import records, tuning
-    from pipeline.tvm_env import make_target
 
     target = make_target(target_spec)
     work = check_work(work_dir)
@@ -240,7 +239,6 @@ def _candidates(mod, work: Path) -> list[tuple[str | None, float | None]]:
     """(script, MetaSchedule's latency or None) of each record of `mod` in the work folder's
     database, in measurement order (script None: a trace the codec does not encode)."""
     from pipeline import metaschedule, records
-    from pipeline.tvm_env import structural_hash
 
     if not (work / "database_tuning_record.json").exists():
         return []
@@ -253,10 +251,12 @@ def _candidates(mod, work: Path) -> list[tuple[str | None, float | None]]:
 
 
 def _check_best(mod, target_spec, found, top: int, checker) -> list[dict]:
-    """The `top` fastest distinct candidates by MetaSchedule's timing, checked and timed again."""
+    """The `top` fastest distinct candidates by MetaSchedule's timing, checked and timed again (on
+    a CPU one at a time, no build beside a timing: `Checker.alone`)."""
     ranked = sorted({s: lat for s, lat in found if s and lat is not None}.items(), key=lambda x: x[1])[:top]
     scripts = [s for s, _ in ranked]
-    outcomes = checker.check_many(mod, scripts, target_spec, timed=True) if scripts else []
+    with checker.alone() if make_target(target_spec).kind.name == "llvm" else contextlib.nullcontext():
+        outcomes = checker.check_many(mod, scripts, target_spec, timed=True) if scripts else []
     return [{"script": s, "metaschedule_latency_s": lat, "correct": o.correct, "stage": o.stage, "error": o.error,
              "latency_s": o.latency_s if o.correct else None, "baseline_s": o.baseline_s}
             for (s, lat), o in zip(ranked, outcomes)]
