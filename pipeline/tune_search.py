@@ -27,7 +27,6 @@ contender of the tune benchmark.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -255,7 +254,7 @@ def _check_best(mod, target_spec, found, top: int, checker) -> list[dict]:
     a CPU one at a time, no build beside a timing: `Checker.alone`)."""
     ranked = sorted({s: lat for s, lat in found if s and lat is not None}.items(), key=lambda x: x[1])[:top]
     scripts = [s for s, _ in ranked]
-    with checker.alone() if make_target(target_spec).kind.name == "llvm" else contextlib.nullcontext():
+    with checker.alone_on_cpu(target_spec):
         outcomes = checker.check_many(mod, scripts, target_spec, timed=True) if scripts else []
     return [{"script": s, "metaschedule_latency_s": lat, "correct": o.correct, "stage": o.stage, "error": o.error,
              "latency_s": o.latency_s if o.correct else None, "baseline_s": o.baseline_s}

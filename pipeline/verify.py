@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipeline import codec, device_lock
-from pipeline.measure import (TOLERANCES, baseline_module, build, close, device_available, random_inputs,
+from pipeline.measure import (TOLERANCES, baseline_module, build, close, device_available, is_gpu, random_inputs,
                               short_error as _short, time_tensors, upload)
 from pipeline.tvm_env import TVM_ERRORS, Schedule, make_target, structural_hash, tvm, worker_init
 
@@ -310,6 +310,14 @@ class Checker:
             yield self
         finally:
             self._alone = before
+
+    @contextlib.contextmanager
+    def alone_on_cpu(self, target_spec):
+        """`alone()` on a CPU target, where a build shares the cores with the kernel being timed; on a
+        GPU the builds stay beside the runs. Yields whether the checks are alone."""
+        cpu = not is_gpu(make_target(target_spec))
+        with self.alone() if cpu else contextlib.nullcontext():
+            yield cpu
 
     def _compile_one(self, mod_json: str, text: str, target_spec) -> Outcome:
         out = self.call("build", _worker_compile, mod_json, text, target_spec)

@@ -195,6 +195,10 @@ def test_inside_alone_no_build_runs_beside_another_check(matmul_mod, cpu_target)
             state["mode"] = "alone"
             alone = checker.check_many(matmul_mod, texts, spec, timed=True)
         assert not checker._alone          # back to overlapping builds after the block
+        with checker.alone_on_cpu(spec) as on_cpu:
+            assert on_cpu and checker._alone
+        with checker.alone_on_cpu("nvidia/nvidia-h100") as on_gpu:
+            assert not on_gpu and not checker._alone     # a GPU's builds stay beside its runs
     finally:
         checker.close()
     assert all(o.stage == "ok" and o.latency_s > 0 for o in beside + alone)

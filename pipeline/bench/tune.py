@@ -34,7 +34,6 @@ turns, and their medians are compared too (`final` in each row, `final_*` in the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import tempfile
 import time
@@ -216,12 +215,9 @@ def final_retime(mod, target_spec, checker, finalists: dict[str, str | None], ro
     checker's other worker compiles the next finalist shares the cores with the compiler."""
     from statistics import median
 
-    from pipeline.tvm_env import make_target
-
     unique = sorted({s for s in finalists.values() if s is not None})
     start = time.perf_counter()
-    cpu = make_target(target_spec).kind.name == "llvm"
-    with checker.alone() if cpu else contextlib.nullcontext():
+    with checker.alone_on_cpu(target_spec) as alone:
         outcomes = checker.check_many(mod, unique * rounds, target_spec, timed=True)
     samples = {s: [] for s in unique}
     for s, o in zip(unique * rounds, outcomes):
@@ -231,7 +227,7 @@ def final_retime(mod, target_spec, checker, finalists: dict[str, str | None], ro
     spread = {k: [min(samples[s]), max(samples[s])] if s is not None and samples[s] else None
               for k, s in finalists.items()}
     return {"rounds": rounds, "seconds": round(time.perf_counter() - start, 1), "latency_s": latency,
-            "spread_s": spread, "scripts": finalists, "builds_beside_timings": not cpu}
+            "spread_s": spread, "scripts": finalists, "builds_beside_timings": not alone}
 
 
 LABELS = {"model": "model (tune)", "model_cost": "model + cost model (tune)", "metaschedule": "MetaSchedule",

@@ -113,11 +113,11 @@ def run_network(path: str, model_dir: str | None, target_spec, trials: int, work
                     "wall_s": round(time.perf_counter() - start, 1), "matches_untuned": ours["matches_untuned"]}
         databases[key] = tm.union(sorted(d for d in (work / key / "tasks").glob("*")
                                          if (d / "database_tuning_record.json").exists()))
+    from pipeline.rank_model import for_search
+
     for key in ("ms_cost", "ms_rank", "model_first_cost", "transfer_first_cost"):
         if key not in variants:
             continue
-        from pipeline.rank_model import for_search
-
         kw = {"cost_model": for_search(cost(train=False), ranker=key == "ms_rank")}     # either trains its own
         if key in ("model_first_cost", "transfer_first_cost"):
             from pipeline.model_strategy import ModelFirst
